@@ -1,0 +1,18 @@
+"""minillm: a small, complete LLM inference engine for the workbook."""
+import os as _os
+
+import torch as _torch
+
+# Triton kernels run through its interpreter on machines without a GPU. The variable must
+# be set before anything imports triton (transformers and torch._dynamo do), so set it here.
+if not _torch.cuda.is_available():
+    _os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from .config import ModelConfig
+from .model import LlamaModel, load_model
+
+__all__ = ["ModelConfig", "LlamaModel", "load_model"]
+from .generate import generate, generate_batch, generate_stream
+from .kv_cache import KVCache
+
+__all__ += ["generate", "generate_batch", "generate_stream", "KVCache"]

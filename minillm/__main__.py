@@ -1,0 +1,128 @@
+"""Command line: `python -m minillm generate "prompt"` and `python -m minillm info`.
+
+Bad arguments exit with status 2 and a one-line message (argparse's convention).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _float_in(lo, hi, name):
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{name} must lie in [{lo}, {hi}], got {value}")
+        return value
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="minillm", description="A small LLM inference engine (SmolLM2-135M).")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    gen = sub.add_parser("generate", help="stream a completion to stdout")
+    gen.add_argument("prompt")
+    gen.add_argument("--max-new-tokens", type=_positive_int, default=64)
+    gen.add_argument("--temperature", type=_float_in(0.0, 10.0, "--temperature"), default=0.0)
+    gen.add_argument("--top-p", type=_float_in(1e-6, 1.0, "--top-p"), default=None)
+    gen.add_argument("--top-k", type=_positive_int, default=None)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--chat", action="store_true",
+                     help="wrap the prompt in the model's chat template")
+    gen.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    gen.add_argument("--backend", choices=["torch", "triton"], default="torch")
+    info = sub.add_parser("info", help="model config, sizes and this machine's ceilings")
+    info.add_argument("--refresh", action="store_true", help="re-measure this machine")
+    return parser
+
+
+def _dtype(name, device):
+    import torch
+    from .perf import default_dtype
+    return getattr(torch, name) if name else default_dtype(device)
+
+
+def cmd_generate(args) -> int:
+    from . import generate_stream, load_model
+    from .perf import default_device
+    device = default_device()
+    model, tok = load_model(dtype=_dtype(args.dtype, device), device=device,
+                            attn_backend=args.backend)
+    ids = (tok.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat
+           else tok.encode(args.prompt))
+    out: list[int] = []
+    shown = ""
+    for token in generate_stream(model, ids, args.max_new_tokens, args.temperature, args.top_k,
+                                 args.top_p, args.seed):
+        if token == tok.eos_token_id:
+            break
+        out.append(token)
+        # Decode the whole tail so multi-byte characters split across tokens print whole.
+        text = tok.decode(out)
+        if not text.endswith("\ufffd"):
+            sys.stdout.write(text[len(shown):])
+            sys.stdout.flush()
+            shown = text
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_info(args) -> int:
+    from . import calc
+    from .config import ModelConfig
+    from .perf import measure_machine
+    config = ModelConfig.smollm2_135m()
+    n = config.num_params()
+    print(f"model: {config.name}")
+    for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                  "intermediate_size", "vocab_size", "rope_theta", "max_position_embeddings"):
+        print(f"  {field:24s} {getattr(config, field)}")
+    print(f"  parameters               {n:,} (tied embeddings counted once)")
+    print("weight bytes:")
+    for name, nbytes in (("float32", 4), ("bfloat16", 2), ("int8", 1), ("int4", 0.5)):
+        print(f"  {name:9s} {calc.weight_bytes(n, nbytes) / 1e6:8.1f} MB")
+    print(f"KV cache per token: {config.kv_bytes_per_token(4) / 1e3:.1f} KB fp32, "
+          f"{config.kv_bytes_per_token(2) / 1e3:.1f} KB bf16")
+    profile = measure_machine(refresh=args.refresh)
+    bw = profile.bandwidth_bytes_per_s
+    print(f"this machine ({profile.device_name}, {profile.num_threads} threads):")
+    print(f"  memory bandwidth         {bw / 1e9:.1f} GB/s")
+    for dtype, flops in profile.matmul_flops.items():
+        print(f"  matmul {dtype:10s}        {flops / 1e9:.1f} GFLOP/s")
+    print("bandwidth-bound batch-1 decode ceiling (weights read once per token):")
+    for name, nbytes in (("float32", 4), ("bfloat16", 2)):
+        print(f"  {name:9s} {calc.decode_tokens_per_s(n, nbytes, bw):6.1f} tok/s")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"generate": cmd_generate, "info": cmd_info}[args.command](args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"minillm: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Attention backends: the one place where the model's attention math is chosen.
+
+The model computes q, k, v and RoPE, then hands them to an *attention context* (how K/V are
+stored: none, a contiguous cache, a paged cache) which calls a *backend* (how attention is
+computed: plain PyTorch or Triton kernels). Contexts own storage; backends own math.
+
+Every backend implements the same three operations, with these layouts:
+
+- `dense(q [B,Hq,T,D], k/v [B,Hkv,S,D], causal, key_padding_mask [B,S] | None)`.
+  Causal masking is bottom-right aligned: query t sees keys s <= t + (S - T), so a chunk of
+  T new queries over S >= T keys (a cached prefix plus itself) is masked correctly.
+- `varlen(q [Nq,Hq,D], k/v [Nk,Hkv,D], cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+  max_seqlen_k)`: packed sequences, causal, bottom-right aligned per sequence.
+- `paged_decode(q [B,Hq,D], k_cache/v_cache [num_blocks, block_size, Hkv, D],
+  block_tables [B, max_blocks] int32, context_lens [B] int32)`: one query per sequence.
+
+GQA is handled inside each backend (query head h uses KV head h // (Hq // Hkv)).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _bottom_right_causal_mask(T: int, S: int, device) -> torch.Tensor:
+    q_pos = torch.arange(S - T, S, device=device)[:, None]
+    return torch.arange(S, device=device)[None, :] <= q_pos  # [T, S] bool, True = visible
+
+
+class TorchBackend:
+    """Reference backend built on `scaled_dot_product_attention`."""
+
+    name = "torch"
+
+    def dense(self, q, k, v, causal=True, key_padding_mask=None, sm_scale=None):
+        T, S = q.shape[2], k.shape[2]
+        gqa = q.shape[1] != k.shape[1]
+        if key_padding_mask is None and (not causal or T == S):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal and T > 1,
+                                                  scale=sm_scale, enable_gqa=gqa)
+        mask = _bottom_right_causal_mask(T, S, q.device) if causal else None
+        if key_padding_mask is not None:
+            pad = key_padding_mask[:, None, None, :S].bool()
+            mask = pad if mask is None else (mask & pad)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=sm_scale,
+                                              enable_gqa=gqa)
+
+    def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
+               max_seqlen_k=None, sm_scale=None):
+        out = torch.empty_like(q)
+        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        for i in range(len(cq) - 1):
+            qs = q[cq[i]:cq[i + 1]].transpose(0, 1)[None]  # [1, Hq, Tq, D]
+            ks = k[ck[i]:ck[i + 1]].transpose(0, 1)[None]
+            vs = v[ck[i]:ck[i + 1]].transpose(0, 1)[None]
+            out[cq[i]:cq[i + 1]] = self.dense(qs, ks, vs, True, None, sm_scale)[0].transpose(0, 1)
+        return out
+
+    def paged_decode(self, q, k_cache, v_cache, block_tables, context_lens, sm_scale=None):
+        from .paged.attention_ref import paged_decode_attention_ref
+        return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens,
+                                          sm_scale=sm_scale)
+
+
+class TritonBackend(TorchBackend):
+    """FlashAttention-2 style Triton kernels (the interpreter runs them on CPU, in fp32).
+
+    Dense attention with a key padding mask (static batching with left padding) has no
+    kernel, so it falls back to the reference; everything else runs the kernels.
+    """
+
+    name = "triton"
+
+    def dense(self, q, k, v, causal=True, key_padding_mask=None, sm_scale=None):
+        if key_padding_mask is not None:
+            return super().dense(q, k, v, causal, key_padding_mask, sm_scale)
+        from .kernels import flash_attention
+        return flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)
+
+    def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
+               max_seqlen_k=None, sm_scale=None):
+        from .kernels import flash_attention_varlen
+        if max_seqlen_q is None:
+            max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+        if max_seqlen_k is None:
+            max_seqlen_k = int((cu_seqlens_k[1:] - cu_seqlens_k[:-1]).max())
+        return flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                      max_seqlen_k, causal=True, sm_scale=sm_scale)
+
+    def paged_decode(self, q, k_cache, v_cache, block_tables, context_lens, sm_scale=None):
+        from .kernels import paged_decode_attention
+        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens,
+                                      sm_scale=sm_scale)
+
+
+BACKENDS = {"torch": TorchBackend, "triton": TritonBackend}
+
+
+def get_backend(name_or_backend) -> TorchBackend:
+    if not isinstance(name_or_backend, str):
+        return name_or_backend
+    try:
+        return BACKENDS[name_or_backend]()
+    except KeyError:
+        raise ValueError(f"unknown attention backend {name_or_backend!r}; "
+                         f"choose one of {sorted(BACKENDS)}") from None
+
+
+# Attention contexts ------------------------------------------------------------------
+class NoCacheContext:
+    """Full causal attention over the T tokens of this forward pass; nothing is stored."""
+
+    def __init__(self, backend, key_padding_mask=None):
+        self.backend = backend
+        self.key_padding_mask = key_padding_mask
+
+    def attend(self, layer_idx, q, k, v):  # [B, T, H, D] in, [B, T, Hq, D] out
+        out = self.backend.dense(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                 causal=True, key_padding_mask=self.key_padding_mask)
+        return out.transpose(1, 2)
+
+
+class ContiguousCacheContext:
+    """Append this step's K/V to a `KVCache` at `start_pos`, then attend over the cache.
+
+    `append_fn` and `attend_fn` default to minillm's reference; Lab 02 plugs in the
+    student's own functions with the same signatures (see `minillm.kv_cache`).
+    """
+
+    def __init__(self, backend, cache, start_pos: int, key_padding_mask=None,
+                 append_fn=None, attend_fn=None):
+        self.backend = backend
+        self.cache = cache
+        self.start_pos = start_pos
+        self.key_padding_mask = key_padding_mask
+        self.append_fn = append_fn
+        self.attend_fn = attend_fn
+
+    def attend(self, layer_idx, q, k, v):
+        from .kv_cache import kv_cache_append
+        k_cache, v_cache = self.cache.k[layer_idx], self.cache.v[layer_idx]
+        (self.append_fn or kv_cache_append)(k_cache, v_cache, k, v, self.start_pos)
+        if self.attend_fn is not None:
+            return self.attend_fn(q, k_cache, v_cache, self.start_pos)
+        S = self.start_pos + q.shape[1]
+        out = self.backend.dense(q.transpose(1, 2), k_cache[:, :S].transpose(1, 2),
+                                 v_cache[:, :S].transpose(1, 2), causal=True,
+                                 key_padding_mask=self.key_padding_mask)
+        return out.transpose(1, 2)

@@ -1,0 +1,179 @@
+"""Generation with the contiguous KV cache: one prompt (`generate`, `generate_stream`) or a
+static batch of prompts padded to a common length (`generate_batch`).
+
+The loop is the textbook one:
+
+    prefill:  run the whole prompt once, fill the cache, sample token 1
+    decode:   feed the last token at position p, append its K/V at p, sample the next
+
+With `use_cache=False` every step re-runs the model on the whole sequence (O(T^2) work):
+the baseline that Lab 02 measures the cache against. Both paths must give the same tokens.
+
+Static batching left-pads prompts so every row's last prompt token sits in the same column,
+masks the padding slots, and runs until the longest request is done: the finished rows
+keep occupying their slots. That waste is what continuous batching (Lab 05) removes.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import torch
+
+from .attention import ContiguousCacheContext, NoCacheContext
+from .kv_cache import KVCache
+from .sampling import make_generator, sample_next, validate_sampling
+
+
+def _check_request(model, prompt_ids, max_new_tokens) -> list[int]:
+    if isinstance(prompt_ids, torch.Tensor):
+        prompt_ids = prompt_ids.flatten().tolist()
+    if not isinstance(prompt_ids, (list, tuple)) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
+        raise TypeError("prompt_ids must be a list of ints (token ids); encode text with "
+                        "tokenizer.encode(...) first")
+    if len(prompt_ids) == 0:
+        raise ValueError("prompt_ids is empty: give at least one token")
+    vocab = model.config.vocab_size
+    bad = [t for t in prompt_ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"token ids must lie in [0, {vocab}), got {bad[:5]}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    limit = model.config.max_position_embeddings
+    if len(prompt_ids) + max_new_tokens > limit:
+        raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_new_tokens={max_new_tokens} "
+                         f"exceeds the context length of {limit} tokens; shorten the prompt or "
+                         f"ask for at most {max(limit - len(prompt_ids), 0)} new tokens")
+    return list(prompt_ids)
+
+
+def _stop_ids(model, stop_token_ids, ignore_eos) -> set[int]:
+    stops = set(stop_token_ids or ())
+    if not ignore_eos and model.config.eos_token_id is not None:
+        stops.add(model.config.eos_token_id)
+    return stops
+
+
+@torch.inference_mode()
+def generate_stream(model, prompt_ids, max_new_tokens: int, temperature: float = 0.0,
+                    top_k: int | None = None, top_p: float | None = None,
+                    seed: int | None = None, stop_token_ids=None, ignore_eos: bool = False,
+                    use_cache: bool = True, append_fn=None, attend_fn=None) -> Iterator[int]:
+    """Yield new token ids one at a time. A stop token is yielded, then generation ends.
+
+    `append_fn` / `attend_fn` replace the cache write and the cached attention (Lab 02
+    plugs the student's versions in here); see `minillm.kv_cache` for their signatures.
+    """
+    prompt = _check_request(model, prompt_ids, max_new_tokens)
+    validate_sampling(temperature, top_k, top_p)
+    if max_new_tokens == 0:
+        return
+    stops = _stop_ids(model, stop_token_ids, ignore_eos)
+    device = model.device
+    generator = make_generator(seed)
+    tokens = torch.tensor([prompt], device=device)
+
+    if use_cache:
+        cache = KVCache(model.config, 1, len(prompt) + max_new_tokens, model.dtype, device)
+        ctx = ContiguousCacheContext(model.attn_backend, cache, 0, append_fn=append_fn,
+                                     attend_fn=attend_fn)
+        logits = model(tokens, tokens.new_tensor([list(range(len(prompt)))]), ctx,
+                       last_only=True)
+    else:
+        logits = model(tokens, last_only=True)
+    pos = len(prompt)
+    for step in range(max_new_tokens):
+        next_id = sample_next(logits[0, -1], temperature, top_k, top_p, generator)
+        yield next_id
+        if next_id in stops or step == max_new_tokens - 1:
+            return
+        if use_cache:
+            ctx.start_pos = pos
+            logits = model(tokens.new_tensor([[next_id]]), tokens.new_tensor([[pos]]), ctx)
+        else:
+            tokens = torch.cat([tokens, tokens.new_tensor([[next_id]])], dim=1)
+            logits = model(tokens, last_only=True)
+        pos += 1
+
+
+def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+             stop_token_ids=None, ignore_eos: bool = False, use_cache: bool = True,
+             append_fn=None, attend_fn=None) -> list[int]:
+    """Return the new token ids (the prompt is not included)."""
+    return list(generate_stream(model, prompt_ids, max_new_tokens, temperature, top_k, top_p,
+                                seed, stop_token_ids, ignore_eos, use_cache, append_fn,
+                                attend_fn))
+
+
+@torch.inference_mode()
+def generate_batch(model, prompts: Sequence[Sequence[int]], max_new_tokens, temperature=0.0,
+                   top_k=None, top_p=None, seed=None, stop_token_ids=None,
+                   ignore_eos: bool = False, use_cache: bool = True) -> list[list[int]]:
+    """Static batching: all prompts advance together, left-padded, until every row is done.
+
+    `max_new_tokens` is one int or one per prompt. Row i samples with seed `seed + i`, so a
+    row's tokens do not depend on its neighbours. Returns each row's new tokens.
+    """
+    if not prompts:
+        raise ValueError("prompts is empty")
+    limits = ([max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int)
+              else list(max_new_tokens))
+    if len(limits) != len(prompts):
+        raise ValueError(f"got {len(limits)} max_new_tokens values for {len(prompts)} prompts")
+    prompts = [_check_request(model, p, n) for p, n in zip(prompts, limits)]
+    validate_sampling(temperature, top_k, top_p)
+    stops = _stop_ids(model, stop_token_ids, ignore_eos)
+    B, device = len(prompts), model.device
+    P = max(len(p) for p in prompts)
+    steps = max(limits)
+    if P + steps > model.config.max_position_embeddings:
+        raise ValueError(f"padded prompt length {P} + {steps} new tokens exceeds the context "
+                         f"length {model.config.max_position_embeddings}")
+    generators = [make_generator(None if seed is None else seed + i) for i in range(B)]
+
+    pad_id = model.config.eos_token_id or 0
+    ids = torch.full((B, P), pad_id, dtype=torch.long, device=device)
+    valid = torch.zeros((B, P + steps), dtype=torch.bool, device=device)
+    for i, p in enumerate(prompts):
+        ids[i, P - len(p):] = torch.tensor(p, device=device)
+        valid[i, P - len(p):] = True  # prompt slots; generated slots are all valid
+    valid[:, P:] = True
+    # Each row counts positions from its own first real token.
+    positions = (valid[:, :P].long().cumsum(1) - 1).clamp(min=0)
+
+    outputs: list[list[int]] = [[] for _ in range(B)]
+    done = [n == 0 for n in limits]
+    if use_cache:
+        cache = KVCache(model.config, B, P + steps, model.dtype, device)
+        ctx = ContiguousCacheContext(model.attn_backend, cache, 0, key_padding_mask=valid)
+        logits = model(ids, positions, ctx, last_only=True)
+    else:
+        logits = model(ids, positions, NoCacheContext(model.attn_backend, valid[:, :P]),
+                       last_only=True)
+    next_pos = positions[:, -1] + 1
+    for step in range(steps):
+        if all(done):
+            break
+        new = []
+        for i in range(B):
+            tok = pad_id if done[i] else sample_next(logits[i, -1], temperature, top_k, top_p,
+                                                     generators[i])
+            if not done[i]:
+                outputs[i].append(tok)
+                done[i] = tok in stops or len(outputs[i]) >= limits[i]
+            new.append(tok)
+        if all(done):
+            break
+        new_ids = torch.tensor(new, device=device)[:, None]
+        if use_cache:
+            ctx.start_pos = P + step
+            logits = model(new_ids, next_pos[:, None], ctx)
+        else:
+            ids = torch.cat([ids, new_ids], dim=1)
+            positions = torch.cat([positions, next_pos[:, None]], dim=1)
+            logits = model(ids, positions, NoCacheContext(model.attn_backend,
+                                                          valid[:, :ids.shape[1]]),
+                           last_only=True)
+        next_pos = next_pos + 1
+    return outputs

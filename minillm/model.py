@@ -1,0 +1,208 @@
+"""A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU, tied embeddings.
+
+    x = embed(ids)
+    for each layer:  x = x + Attn(RMSNorm(x));  x = x + MLP(RMSNorm(x))
+    logits = RMSNorm(x) @ embed.T          (the LM head is tied to the embedding)
+
+`model(input_ids[B, T]) -> logits[B, T, V]` runs the whole sequence with no cache. Callers
+that keep a cache pass `positions` and an attention context (see `minillm.attention`),
+which decides where K/V live and which backend computes attention.
+
+Two fusions keep batch-1 decode close to the memory roofline on a CPU: q|k|v is one matrix
+(`qkv_proj`) and gate|up is one matrix (`gate_up_proj`), so each layer does four matrix
+products instead of seven. The math is unchanged.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .attention import NoCacheContext, get_backend
+from .config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalize in fp32 whatever the model dtype: the mean of squares overflows fp16.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_cos_sin(head_dim: int, max_positions: int, theta: float, device=None):
+    """cos/sin tables [max_positions, head_dim // 2] in fp32."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float64)
+                                / head_dim))
+    angles = torch.arange(max_positions, device=device, dtype=torch.float64)[:, None] * inv_freq
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each (x[i], x[i + D/2]) pair by its position's angle (half-split form).
+
+    x: [B, T, H, D]; cos/sin: [B, T, D/2] already gathered at each token's position.
+    """
+    half = x.shape[-1] // 2
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:]
+    c, s = cos[:, :, None, :], sin[:, :, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.qkv_proj = nn.Linear(config.hidden_size, config.q_size + 2 * config.kv_size,
+                                  bias=False)
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
+
+    def qkv(self, x, cos, sin):
+        """Project and rotate: q [B,T,Hq,D], k/v [B,T,Hkv,D]. Exposed for Lab 02."""
+        c = self.config
+        B, T, _ = x.shape
+        heads = self.qkv_proj(x).view(B, T, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+        # Rotate q and k heads in one call (fewer small ops per decode step).
+        qk = apply_rope(heads[:, :, :c.num_heads + c.num_kv_heads], cos, sin)
+        return (qk[:, :, :c.num_heads], qk[:, :, c.num_heads:],
+                heads[:, :, c.num_heads + c.num_kv_heads:])
+
+    def forward(self, x, cos, sin, ctx, layer_idx: int):
+        q, k, v = self.qkv(x, cos, sin)
+        out = ctx.attend(layer_idx, q, k, v)  # [B, T, Hq, D]
+        return self.o_proj(out.reshape(x.shape[0], x.shape[1], self.config.q_size))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size,
+                                      bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attn = Attention(config)
+        self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, ctx, layer_idx):
+        x = x + self.attn(self.input_norm(x), cos, sin, ctx, layer_idx)
+        return x + self.mlp(self.post_attention_norm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig, attn_backend="torch"):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False)
+        cos, sin = rope_cos_sin(config.head_dim, config.max_position_embeddings,
+                                config.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.attn_backend = get_backend(attn_backend)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def set_attn_backend(self, name_or_backend) -> "LlamaModel":
+        self.attn_backend = get_backend(name_or_backend)
+        return self
+
+    def init_random_weights(self, seed: int = 0, std: float = 0.02) -> "LlamaModel":
+        """Fill weights with seeded noise (norms get 1 + noise so they are not trivial)."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                noise = torch.randn(p.shape, generator=g) * std
+                p.copy_((1.0 + noise * 5) if name.endswith("norm.weight") else noise)
+        return self
+
+    def check_positions(self, positions: torch.Tensor) -> None:
+        limit = self.config.max_position_embeddings
+        if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= limit):
+            raise ValueError(f"positions must lie in [0, {limit}) (the model's context length), "
+                             f"got {int(positions.min())}..{int(positions.max())}")
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
+                ctx=None, last_only: bool = False) -> torch.Tensor:
+        """input_ids [B, T] -> logits [B, T, V] (or [B, 1, V] with last_only=True).
+
+        positions [B, T] default to 0..T-1. ctx defaults to full causal attention with no
+        cache, computed by this model's backend.
+        """
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, seq_len], got shape "
+                             f"{tuple(input_ids.shape)}")
+        B, T = input_ids.shape
+        if positions is None:
+            if T > self.config.max_position_embeddings:
+                raise ValueError(f"sequence of {T} tokens exceeds the context length "
+                                 f"{self.config.max_position_embeddings}")
+            positions = torch.arange(T, device=input_ids.device).expand(B, T)
+        else:
+            self.check_positions(positions)
+        if ctx is None:
+            ctx = NoCacheContext(self.attn_backend)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        x = self.embed_tokens(input_ids)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, ctx, i)
+        if last_only:
+            x = x[:, -1:]
+        return self.logits(self.norm(x))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(h, weight)
+
+
+def load_model(dtype: torch.dtype = torch.float32, device=None, attn_backend="torch"):
+    """Load SmolLM2-135M-Instruct from the installed GGUF: returns (model, tokenizer).
+
+    Weights are dequantized to `dtype` at load. fp32 is the CPU default: this kind of CPU
+    has no native bf16, so bf16 matmuls crawl (a Lab 01 lesson); on CUDA pass bfloat16.
+    """
+    from .gguf_loader import load_gguf
+    from .tokenizer import MiniTokenizer
+
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating torch.dtype such as torch.float32, "
+                         f"got {dtype!r}")
+    config, state, reader = load_gguf()
+    tokenizer = MiniTokenizer.from_gguf_reader(reader)
+    with torch.device("meta"):
+        model = LlamaModel(config, attn_backend=attn_backend)
+    tensors = {k: torch.from_numpy(v) for k, v in state.items()}
+    model.load_state_dict(tensors, strict=False, assign=True)
+    cos, sin = rope_cos_sin(config.head_dim, config.max_position_embeddings, config.rope_theta)
+    model.rope_cos, model.rope_sin = cos, sin
+    model = model.to(device=device or "cpu", dtype=dtype)
+    # RoPE tables stay fp32 whatever the weights are.
+    model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()
+    return model.eval().requires_grad_(False), tokenizer

@@ -1,0 +1,111 @@
+"""The tensor half of a paged KV cache: per-layer K and V storage cut into blocks.
+
+Layout per layer: `k_caches[layer]`, `v_caches[layer]` of shape
+`[num_blocks, block_size, num_kv_heads, head_dim]`. Token slot s (from
+`BlockManager.slot_mapping`) is row s of the flat view `[num_blocks * block_size, Hkv, D]`,
+i.e. block s // block_size, offset s % block_size. Which block belongs to which sequence
+is decided by `minillm.paged.block_pool`; this module only moves bytes.
+
+Invariants:
+- After `write(layer, k, v, slots)`, flat row slots[i] of that layer holds k[i] / v[i];
+  no other row changes.
+- `copy_blocks([(src, dst), ...])` makes block dst equal block src in every layer, K and V
+  (copy-on-write after a fork); dst blocks are fresh, never a src of the same call.
+- `block_table_tensor` pads short tables with 0, a valid block id: kernels read only the
+  entries below cdiv(context_len, block_size), and a stray read of the padding stays in
+  bounds instead of reading outside the cache.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+class PagedKVCache:
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu"):
+        if min(num_layers, num_blocks, block_size, num_kv_heads, head_dim) < 1:
+            raise ValueError("num_layers, num_blocks, block_size, num_kv_heads and head_dim "
+                             "must all be >= 1")
+        self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
+        self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @property
+    def device(self) -> torch.device:
+        return self.k_caches[0].device
+
+    @staticmethod
+    def block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
+                    dtype: torch.dtype) -> int:
+        """Bytes one block takes over all layers, K and V."""
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * elem
+
+    def bytes_per_block(self) -> int:
+        return self.block_bytes(self.num_layers, self.block_size, self.num_kv_heads,
+                                self.head_dim, self.dtype)
+
+    @classmethod
+    def num_blocks_for_budget(cls, budget_bytes: int, num_layers: int, block_size: int,
+                              num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """How many whole blocks fit in `budget_bytes` (raises if not even one)."""
+        per_block = cls.block_bytes(num_layers, block_size, num_kv_heads, head_dim, dtype)
+        n = int(budget_bytes) // per_block
+        if n < 1:
+            raise ValueError(f"a KV budget of {budget_bytes} bytes holds no block: one block "
+                             f"takes {per_block} bytes; raise the budget or shrink block_size")
+        return n
+
+    @classmethod
+    def from_budget(cls, budget_bytes: int, num_layers: int, block_size: int,
+                    num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32,
+                    device: torch.device | str = "cpu") -> PagedKVCache:
+        n = cls.num_blocks_for_budget(budget_bytes, num_layers, block_size, num_kv_heads,
+                                      head_dim, dtype)
+        return cls(num_layers, n, block_size, num_kv_heads, head_dim, dtype, device)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+              slot_mapping: torch.Tensor | Sequence[int]) -> None:
+        """Store k, v `[N, Hkv, D]` of N tokens into their slots `slot_mapping[N]`."""
+        kc, vc = self.k_caches[layer], self.v_caches[layer]
+        if k.shape != v.shape or k.dim() != 3 or k.shape[1:] != kc.shape[2:]:
+            raise ValueError(f"k and v must both be [N, {self.num_kv_heads}, {self.head_dim}]; "
+                             f"got {tuple(k.shape)} and {tuple(v.shape)}")
+        slots = torch.as_tensor(slot_mapping, dtype=torch.long, device=kc.device).reshape(-1)
+        if slots.numel() != k.shape[0]:
+            raise ValueError(f"slot_mapping has {slots.numel()} slots for {k.shape[0]} tokens")
+        flat = (-1, self.num_kv_heads, self.head_dim)
+        kc.view(flat).index_copy_(0, slots, k.to(kc.dtype))
+        vc.view(flat).index_copy_(0, slots, v.to(vc.dtype))
+
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy block src to block dst in every layer, K and V (copy-on-write)."""
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], dtype=torch.long, device=self.device)
+        dst = torch.tensor([d for _, d in pairs], dtype=torch.long, device=self.device)
+        for cache in self.k_caches + self.v_caches:
+            cache.index_copy_(0, dst, cache.index_select(0, src))
+
+
+def block_table_tensor(block_tables: Sequence[Sequence[int]], device: torch.device | str = "cpu",
+                       max_num_blocks: int | None = None) -> torch.Tensor:
+    """Stack per-sequence block tables into int32 `[B, max_blocks]`, right-padded with 0.
+
+    `max_num_blocks` fixes the width (e.g. for a captured CUDA graph); by default it is the
+    longest table (at least 1, so the tensor is never zero-width)."""
+    width = max([len(t) for t in block_tables] + [1])
+    if max_num_blocks is not None:
+        if max_num_blocks < width:
+            raise ValueError(f"a block table has {width} blocks, more than "
+                             f"max_num_blocks={max_num_blocks}")
+        width = max_num_blocks
+    out = torch.zeros((len(block_tables), width), dtype=torch.int32)
+    for i, table in enumerate(block_tables):
+        out[i, :len(table)] = torch.tensor(list(table), dtype=torch.int32)
+    return out.to(device)

@@ -1,0 +1,354 @@
+"""Measure this machine: peak memory bandwidth and matmul FLOP/s, cached on disk.
+
+The course compares every speed it reports with *this* machine's limits, measured rather
+than assumed. ``measure_machine()`` takes a few seconds on a laptop CPU, then caches its
+result as JSON so later calls are instant; ``refresh=True`` measures again.
+
+Invariants:
+- Bandwidth counts the bytes a kernel must move, STREAM-style: copy = read + write
+  (2 × size), triad a = b + s·c = 2 reads + 1 write (3 × size), sum = 1 read. CPU caches
+  also read a line before writing it ("write-allocate"), which we do not count, so copy and
+  triad can read low; we report the best of the three medians.
+- Matmul FLOP/s counts 2·n³ per n×n×n product (a multiply-add is 2 FLOPs).
+- Timings are medians. On CUDA, work is timed with CUDA events after a synchronize.
+- The cache file is keyed by device name and torch thread count, and reused only if it was
+  measured with the same sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import time
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+CACHE_ENV = "MINILLM_CACHE_DIR"
+
+# Default problem sizes. CPU sizes keep the whole measurement to a few seconds: bandwidth
+# arrays are 128 MiB (several times any L3 cache); fp16 matmuls are tiny because CPUs
+# without native fp16 run them at about 1 GFLOP/s.
+_DEFAULTS = {
+    "cpu": {"bandwidth_bytes": 128 * 2**20,
+            "matmul_n": {"float32": 1536, "bfloat16": 768, "float16": 192}},
+    "cuda": {"bandwidth_bytes": 1024 * 2**20,
+             "matmul_n": {"float32": 4096, "bfloat16": 8192, "float16": 8192}},
+}
+_DEFAULT_REPEATS = 10
+_BUDGET_S = 1.0  # rough seconds allowed per kernel measurement; repeats shrink to fit
+
+
+# --------------------------------------------------------------------------- devices and dtypes
+
+
+def default_device() -> torch.device:
+    """CUDA if a GPU is visible, else CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _resolve(device) -> torch.device:
+    dev = default_device() if device is None else torch.device(device)
+    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def default_dtype(device=None) -> torch.dtype:
+    """The dtype the engine runs in on ``device``: bf16 on CUDA, fp32 elsewhere.
+
+    GPUs since Ampere have bf16 tensor cores: half the bytes of fp32 at many times the
+    FLOP/s, with fp32's exponent range (no overflow). Common CPUs have no native bf16
+    arithmetic: bf16 matmuls are emulated several times slower than fp32 (fp16 ones ~100x
+    slower), so fp32 is the safe default there. (Batch-1 decode in bf16 can still win on a
+    CPU, because it is memory-bound and reads half the bytes: a roofline lesson.)
+    """
+    return torch.bfloat16 if _resolve(device).type == "cuda" else torch.float32
+
+
+def _dtype_key(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def device_name(device=None) -> str:
+    """A human-readable name for ``device``: the GPU model, or the CPU model string."""
+    dev = _resolve(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    name = _cpu_name()
+    return name if dev.type == "cpu" else f"{dev.type} ({name})"
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if platform.system() == "Darwin":
+        try:
+            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
+                                 capture_output=True, text=True, timeout=5)
+            if out.stdout.strip():
+                return out.stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def _synchronize(device: torch.device | None) -> None:
+    if device is not None and device.type == "mps":
+        torch.mps.synchronize()
+    elif torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def time_fn(fn: Callable[[], object], warmup: int = 2, repeats: int = 10, device=None) -> float:
+    """Median wall time of ``fn()`` in seconds, over ``repeats`` calls after ``warmup`` calls.
+
+    With a CUDA ``device`` each call is timed by CUDA events around it (GPU time, launch
+    queue drained first). Otherwise by ``time.perf_counter``, synchronizing CUDA (if it is
+    in use) or MPS before and after each call so asynchronous work is not missed.
+    """
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an integer >= 0; got {warmup!r}.")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1; got {repeats!r}.")
+    dev = None if device is None else _resolve(device)
+    times = []
+    if dev is not None and dev.type == "cuda":
+        with torch.cuda.device(dev):
+            for _ in range(warmup):
+                fn()
+            torch.cuda.synchronize(dev)
+            for _ in range(repeats):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)  # ms -> s
+    else:
+        for _ in range(warmup):
+            fn()
+        for _ in range(repeats):
+            _synchronize(dev)
+            t0 = time.perf_counter()
+            fn()
+            _synchronize(dev)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _budgeted_median(fn, device: torch.device, repeats: int, budget_s: float = _BUDGET_S) -> float:
+    """``time_fn`` with the repeats cut so the whole thing takes about ``budget_s``."""
+    first = time_fn(fn, warmup=0, repeats=1, device=device)  # also the warmup
+    fit = int(budget_s / max(first, 1e-9))
+    return time_fn(fn, warmup=1, repeats=max(1, min(repeats, fit)), device=device)
+
+
+# --------------------------------------------------------------------------- measurements
+
+
+def measure_bandwidth(device=None, num_bytes: int | None = None, repeats: int = _DEFAULT_REPEATS) -> dict[str, float]:
+    """Bytes/s of copy, triad and sum over fp32 arrays of ``num_bytes`` each.
+
+    Returns ``{"copy": ..., "triad": ..., "sum": ...}``; see the module docstring for how
+    bytes are counted.
+    """
+    dev = _resolve(device)
+    if num_bytes is None:
+        num_bytes = _defaults(dev)["bandwidth_bytes"]
+    n = max(1, int(num_bytes) // 4)
+    size = n * 4
+    a = torch.empty(n, dtype=torch.float32, device=dev).fill_(1.0)
+    b = torch.empty(n, dtype=torch.float32, device=dev).fill_(2.0)
+    c = torch.empty(n, dtype=torch.float32, device=dev).fill_(3.0)
+    kernels = {
+        "copy": (lambda: a.copy_(b), 2 * size),
+        "triad": (lambda: torch.add(b, c, alpha=2.0, out=a), 3 * size),
+        "sum": (lambda: b.sum(), size),
+    }
+    result = {}
+    for name, (fn, moved) in kernels.items():
+        result[name] = moved / _budgeted_median(fn, dev, repeats)
+    del a, b, c
+    return result
+
+
+def measure_matmul_flops(device=None, dtype=torch.float32, n: int | None = None,
+                         repeats: int = _DEFAULT_REPEATS) -> float:
+    """FLOP/s of an n×n by n×n matmul in ``dtype`` (2·n³ FLOPs per product).
+
+    On CUDA, float32 is measured as torch runs it by default (TF32 off), i.e. true fp32.
+    """
+    dev = _resolve(device)
+    if n is None:
+        n = _defaults(dev)["matmul_n"][_dtype_key(dtype)]
+    # Random values on the device itself (the values do not matter, only that they are not
+    # zeros, which some hardware multiplies faster).
+    x = torch.randn(n, n, device=dev).to(dtype)
+    y = torch.randn(n, n, device=dev).to(dtype)
+    out = torch.empty(n, n, dtype=dtype, device=dev)
+    seconds = _budgeted_median(lambda: torch.matmul(x, y, out=out), dev, repeats)
+    return 2 * n**3 / seconds
+
+
+def _defaults(dev: torch.device) -> dict:
+    return _DEFAULTS["cuda" if dev.type == "cuda" else "cpu"]
+
+
+# --------------------------------------------------------------------------- profile and cache
+
+
+@dataclasses.dataclass
+class MachineProfile:
+    """What ``measure_machine`` found. Rates in bytes/s and FLOP/s; dtypes keyed by torch
+    name ("float32", "bfloat16", "float16")."""
+
+    device: str
+    device_name: str
+    num_threads: int
+    bandwidth_bytes_per_s: float  # best of bandwidth_by_kernel
+    bandwidth_by_kernel: dict[str, float]
+    matmul_flops: dict[str, float]
+    measured_at: str  # ISO 8601, UTC
+    measurement_s: float
+    torch_version: str
+    settings: dict
+
+    def peak_flops(self, dtype=None) -> float:
+        """Measured matmul FLOP/s in ``dtype`` (default: ``default_dtype`` of the device)."""
+        key = _dtype_key(default_dtype(self.device) if dtype is None else dtype)
+        if key not in self.matmul_flops:
+            raise ValueError(f"dtype must be one of {sorted(self.matmul_flops)}; got {dtype!r}.")
+        return self.matmul_flops[key]
+
+    def ridge_point(self, dtype=None) -> float:
+        """Measured FLOPs per byte where this machine turns compute-bound."""
+        return self.peak_flops(dtype) / self.bandwidth_bytes_per_s
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "MachineProfile":
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = names - set(data)
+        if missing:
+            raise ValueError(f"machine profile lacks fields {sorted(missing)}")
+        return cls(**{k: data[k] for k in names})
+
+    def __str__(self) -> str:
+        lines = [f"{self.device_name} [{self.device}, {self.num_threads} threads, "
+                 f"torch {self.torch_version}, measured {self.measured_at}]",
+                 f"  bandwidth: {self.bandwidth_bytes_per_s / 1e9:.1f} GB/s ("
+                 + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in self.bandwidth_by_kernel.items()) + ")"]
+        for dt, flops in self.matmul_flops.items():
+            lines.append(f"  matmul {dt}: {flops / 1e9:.1f} GFLOP/s, ridge point "
+                         f"{flops / self.bandwidth_bytes_per_s:.2f} FLOP/byte")
+        return "\n".join(lines)
+
+
+def cache_dir() -> Path:
+    """Folder for cached measurements: ``$MINILLM_CACHE_DIR`` if set, else
+    ``$XDG_CACHE_HOME/minillm``, else ``~/.cache/minillm``."""
+    override = os.environ.get(CACHE_ENV)
+    if override:
+        return Path(override).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "minillm"
+
+
+def _cache_path(name: str, num_threads: int) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower() or "device"
+    return cache_dir() / f"machine-{slug}-{num_threads}threads.json"
+
+
+def _settings(dev: torch.device, bandwidth_bytes, matmul_n, repeats) -> dict:
+    defaults = _defaults(dev)
+    sizes = dict(defaults["matmul_n"])
+    if isinstance(matmul_n, int):
+        sizes = {k: matmul_n for k in sizes}
+    elif matmul_n is not None:
+        unknown = set(matmul_n) - set(sizes)
+        if unknown:
+            raise ValueError(f"matmul_n keys must be among {sorted(sizes)}; got {sorted(unknown)}.")
+        sizes.update(matmul_n)
+    return {
+        "bandwidth_bytes": int(bandwidth_bytes or defaults["bandwidth_bytes"]),
+        "matmul_n": sizes,
+        "repeats": int(repeats or _DEFAULT_REPEATS),
+    }
+
+
+def _measure_profile(dev: torch.device, settings: dict) -> MachineProfile:
+    t0 = time.perf_counter()
+    bandwidth = measure_bandwidth(dev, settings["bandwidth_bytes"], settings["repeats"])
+    flops = {}
+    for key, n in settings["matmul_n"].items():
+        try:
+            flops[key] = measure_matmul_flops(dev, getattr(torch, key), n, settings["repeats"])
+        except RuntimeError as err:  # a dtype this backend cannot multiply: leave it out
+            warnings.warn(f"skipping {key} matmul on {dev}: {err}", stacklevel=3)
+    return MachineProfile(
+        device=str(dev),
+        device_name=device_name(dev),
+        num_threads=torch.get_num_threads(),
+        bandwidth_bytes_per_s=max(bandwidth.values()),
+        bandwidth_by_kernel=bandwidth,
+        matmul_flops=flops,
+        measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds"),
+        measurement_s=time.perf_counter() - t0,
+        torch_version=torch.__version__,
+        settings=settings,
+    )
+
+
+def measure_machine(device=None, refresh: bool = False, *, bandwidth_bytes: int | None = None,
+                    matmul_n: int | dict[str, int] | None = None,
+                    repeats: int | None = None) -> MachineProfile:
+    """Measure (or load from cache) this machine's bandwidth and matmul FLOP/s.
+
+    ``device``: None for ``default_device()``, or "cpu", "cuda", "cuda:1", ...
+    ``refresh``: measure again even if a cached result exists.
+    ``bandwidth_bytes`` (bytes per array), ``matmul_n`` (one size, or a dict per dtype) and
+    ``repeats`` override the default sizes, e.g. tiny ones in tests. A cached result is
+    reused only if it was measured with the same settings.
+    """
+    dev = _resolve(device)
+    settings = _settings(dev, bandwidth_bytes, matmul_n, repeats)
+    path = _cache_path(device_name(dev), torch.get_num_threads())
+    if not refresh and path.exists():
+        try:
+            cached = MachineProfile.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            if cached.settings == settings and cached.device == str(dev):
+                return cached
+        except (OSError, ValueError, TypeError):
+            pass  # unreadable or stale cache: measure again and overwrite it
+    profile = _measure_profile(dev, settings)
+    if not all(math.isfinite(v) and v > 0 for v in [profile.bandwidth_bytes_per_s, *profile.matmul_flops.values()]):
+        raise RuntimeError(f"measurement gave non-positive or non-finite rates: {profile}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(profile.to_dict(), indent=2), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as err:
+        warnings.warn(f"could not cache the machine profile in {path}: {err}", stacklevel=2)
+    return profile

@@ -1,0 +1,382 @@
+"""Grade submitted notebooks, exercise by exercise.
+
+    python -m quizzes.grade SUBMISSIONS_DIR [--release-dir labs] [--out grading-out]
+                            [--timeout 300] [--setup-timeout 600] [--jobs 1]
+
+For every ``*.ipynb`` under SUBMISSIONS_DIR (nested per student or flat):
+1. match it to a release notebook ``labs/NN-topic.ipynb`` by name (the release
+   stem inside the file name, else a unique ``NN-`` prefix);
+2. build a fresh copy of the release notebook and carry over ONLY the
+   student's ``exercise:<id>`` cells (found by tag, else by cell id), so
+   edited or deleted checks do not count: the release's check cells run;
+3. run it with nbclient, cell by cell; exercise and check cells get
+   ``--timeout`` seconds, the lab's own cells ``--setup-timeout``;
+4. score each exercise: points × (its check cells that ran without error ÷ its
+   check cells).
+
+A cell that times out (or kills the kernel) stops the run; its exercise gets
+0 ("timeout"), its cell is replaced by the release stub and the notebook is
+run again, so the other exercises are still graded on a clean kernel.
+Unreadable or unmatched files are reported as rows, never as a crash.
+
+Writes ``OUT/scores.csv`` (one row per submission × exercise), and per
+submission ``OUT/<student>/<name>.graded.ipynb`` (the run, with outputs) and
+``.feedback.txt``; prints a summary. Exit code 0 unless nothing could be graded
+because the release notebooks are missing.
+
+Caveat: submissions are arbitrary code; grade inside a throwaway container.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import os
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from .release import Layout, layout, tag_value
+
+CSV_FIELDS = ["student", "submission", "notebook", "exercise", "points", "max_points", "status", "detail"]
+
+
+@dataclass
+class Row:
+    student: str
+    submission: str
+    notebook: str
+    exercise: str
+    points: float
+    max_points: float
+    status: str  # pass | partial | fail | not implemented | missing | error | timeout | unreadable | unmatched
+    detail: str = ""
+
+
+@dataclass
+class Outcome:
+    """What happened to one submission."""
+
+    rows: list[Row]
+    graded: object | None = None  # the executed notebook
+    passes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------- matching
+
+
+def match_release(path: Path, releases: dict[str, Path]) -> Path | None:
+    name = path.name.lower()
+    hits = [stem for stem in releases if stem.lower() in name]
+    if hits:
+        return releases[max(hits, key=len)]
+    m = re.search(r"(?<!\d)(\d\d)-", path.name)
+    if m:
+        same = [stem for stem in releases if stem.startswith(m.group(1) + "-")]
+        if len(same) == 1:
+            return releases[same[0]]
+    return None
+
+
+def student_name(path: Path, root: Path, release_stem: str | None) -> str:
+    rel = path.relative_to(root)
+    if len(rel.parts) > 1:
+        return "/".join(rel.parts[:-1])
+    stem = path.stem
+    if release_stem:
+        rest = re.sub(re.escape(release_stem), "", stem, flags=re.I).strip(" -_.()")
+        if rest:
+            return rest
+    return stem
+
+
+# ----------------------------------------------------------------------- assembling
+
+
+def student_exercises(student_nb, release_nb, lay: Layout) -> tuple[dict[str, str], set[str]]:
+    """Source of each exercise from the student's notebook, and the ids not found."""
+    found: dict[str, list[str]] = {}
+    for cell in student_nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        ex = tag_value(cell, "exercise")
+        if ex in lay.exercise_cell:
+            found.setdefault(ex, []).append(cell.source)
+    by_id = {c.get("id"): c for c in student_nb.cells if c.get("cell_type") == "code" and c.get("id")}
+    missing: set[str] = set()
+    for ex, idx in lay.exercise_cell.items():
+        if ex in found:
+            continue
+        rid = release_nb.cells[idx].get("id")
+        if rid in by_id and tag_value(by_id[rid], "check") is None:  # tag removed, cell kept
+            found[ex] = [by_id[rid].source]
+        else:
+            missing.add(ex)
+    return {ex: "\n\n".join(srcs) for ex, srcs in found.items()}, missing
+
+
+def assemble(release_nb, lay: Layout, sources: dict[str, str], stubbed: set[str], blanked: set[int]):
+    nb = copy.deepcopy(release_nb)
+    for ex, idx in lay.exercise_cell.items():
+        if ex in sources and ex not in stubbed:
+            nb.cells[idx].source = sources[ex]
+    for idx in blanked:
+        nb.cells[idx].source = "# (the grader skipped this cell: it timed out in an earlier run)"
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    return nb
+
+
+# ----------------------------------------------------------------------- running
+
+
+def execute(nb, lay: Layout, cwd: Path, timeout: float, setup_timeout: float) -> tuple[int | None, str]:
+    """Run the cells in order. Returns (index of the cell that stopped the run, why) or (None, "")."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    graded = set(lay.exercise_cell.values()) | {i for cells in lay.check_cells.values() for i in cells}
+
+    def timeout_for(cell) -> int:
+        idx = cell_index[id(cell)]
+        return int(timeout if idx in graded else setup_timeout)
+
+    cell_index = {id(c): i for i, c in enumerate(nb.cells)}
+    client = NotebookClient(
+        nb,
+        kernel_name="python3",
+        timeout_func=timeout_for,
+        allow_errors=True,
+        interrupt_on_timeout=False,
+        shutdown_kernel="immediate",
+        startup_timeout=180,
+        resources={"metadata": {"path": str(cwd)}},
+    )
+    with client.setup_kernel():
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            try:
+                client.execute_cell(cell, i)
+            except CellTimeoutError:
+                return i, "timeout"
+            except DeadKernelError:
+                return i, "crashed"
+    return None, ""
+
+
+def _error(cell) -> tuple[str, str] | None:
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error":
+            return out.get("ename", "Error"), out.get("evalue", "")
+    return None
+
+
+def _first_lines(text: str, n: int = 3) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return " / ".join(ln.strip() for ln in lines[:n])
+
+
+def grade_notebook(path: Path, root: Path, releases: dict[str, Path], timeout: float, setup_timeout: float,
+                   cwd: Path | None = None) -> Outcome:
+    rel = str(path.relative_to(root))
+    release_path = match_release(path, releases)
+    student = student_name(path, root, release_path.stem if release_path else None)
+    if release_path is None:
+        return Outcome([Row(student, rel, "-", "-", 0, 0, "unmatched",
+                            f"no release notebook matches this file name (known: {', '.join(sorted(releases))})")])
+    nbname = release_path.stem
+    try:
+        student_nb = nbformat.read(path, as_version=4)
+        if not isinstance(student_nb.get("cells"), list):
+            raise ValueError("no cells")
+    except Exception as exc:
+        return Outcome([Row(student, rel, nbname, "-", 0, 0, "unreadable",
+                            f"not a readable notebook ({type(exc).__name__}: {_first_lines(str(exc), 1)[:200]})")])
+    release_nb = nbformat.read(release_path, as_version=4)
+    lay = layout(release_nb, str(release_path))
+    sources, missing = student_exercises(student_nb, release_nb, lay)
+
+    stubbed: dict[str, str] = {}  # exercise -> "timeout"/"crashed"
+    blanked: set[int] = set()
+    notes: list[str] = []
+    owner = {i: ex for ex, cells in lay.check_cells.items() for i in cells}
+    owner.update({i: ex for ex, i in lay.exercise_cell.items()})
+    nb = None
+    stop: int | None = None
+    passes = 0
+    for passes in range(1, len(lay.exercises) + len(release_nb.cells) + 2):
+        nb = assemble(release_nb, lay, sources, set(stubbed), blanked)
+        try:
+            stop, why = execute(nb, lay, cwd or release_path.parent, timeout, setup_timeout)
+        except Exception as exc:  # kernel would not start, etc.
+            rows = [Row(student, rel, nbname, ex, 0, lay.points[ex], "error",
+                        f"the grader could not run the notebook: {type(exc).__name__}: {exc}")
+                    for ex in lay.exercises]
+            return Outcome(rows, nb, passes, notes)
+        if stop is None:
+            break
+        ex = owner.get(stop)
+        if ex is not None and ex not in stubbed:
+            stubbed[ex] = why
+            notes.append(f"run {passes}: cell {stop} ({ex}) {why}; re-running with the stub for {ex}")
+        else:
+            blanked.add(stop)
+            notes.append(f"run {passes}: cell {stop} (not an exercise) {why}; re-running without it")
+    rows = []
+    for ex in lay.exercises:
+        rows.append(_score(ex, lay, nb, stubbed, missing, student, rel, nbname, timeout, stop))
+    return Outcome(rows, nb, passes, notes)
+
+
+def _score(ex: str, lay: Layout, nb, stubbed: dict[str, str], missing: set[str], student: str, rel: str,
+           nbname: str, timeout: float, stop: int | None) -> Row:
+    pts = lay.points[ex]
+    checks = lay.check_cells[ex]
+    base = (student, rel, nbname, ex)
+    if ex in stubbed:
+        what = "ran longer than" if stubbed[ex] == "timeout" else "crashed the kernel within"
+        return Row(*base, 0, pts, stubbed[ex], f"your code {what} {timeout:g} s (an infinite loop?); "
+                                               "this exercise gets 0, the others were graded without it")
+    ok, failures = 0, []
+    for i in checks:
+        cell = nb.cells[i]
+        err = _error(cell)
+        if cell.get("execution_count") is None and err is None:
+            failures.append(("NotRun", "this check did not run"))
+        elif err is None:
+            ok += 1
+        else:
+            failures.append(err)
+    score = round(pts * ok / len(checks), 4)
+    if ok == len(checks):
+        return Row(*base, score, pts, "pass", "")
+    ex_err = _error(nb.cells[lay.exercise_cell[ex]])
+    if ex in missing:
+        status, detail = "missing", f"no cell tagged exercise:{ex} in the submission (the stub was graded)"
+    elif ex_err is not None:
+        status, detail = "error", f"your exercise cell raised {ex_err[0]}: {_first_lines(ex_err[1], 1)}"
+    elif any(name == "NotImplementedYet" for name, _ in failures):
+        status, detail = "not implemented", "the function still raises NotImplementedError"
+    else:
+        name, msg = failures[0]
+        status = "partial" if ok else "fail"
+        detail = f"{name}: {_first_lines(msg)}" if msg else name
+    return Row(*base, score, pts, status, detail[:500])
+
+
+# ----------------------------------------------------------------------- the command
+
+
+def _grade_one(args: tuple) -> tuple[str, Outcome]:
+    path, root, releases, timeout, setup_timeout, cwd = args
+    t0 = time.monotonic()
+    out = grade_notebook(path, root, releases, timeout, setup_timeout, cwd)
+    out.notes.append(f"graded in {time.monotonic() - t0:.1f} s")
+    return str(path), out
+
+
+def find_submissions(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    return sorted(p for p in root.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+
+
+def grade_all(submissions: Path, release_dir: Path, out_dir: Path, timeout: float = 300,
+              setup_timeout: float = 600, jobs: int = 1, cwd: Path | None = None, log=print) -> list[Row]:
+    releases = {p.stem: p for p in sorted(release_dir.glob("*.ipynb"))}
+    if not releases:
+        raise SystemExit(f"no release notebooks in {release_dir}/ (run `make labs` first)")
+    root = submissions if submissions.is_dir() else submissions.parent
+    paths = find_submissions(submissions)
+    work = [(p, root, releases, timeout, setup_timeout, cwd) for p in paths]
+    if jobs > 1 and len(work) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            results = list(pool.map(_grade_one, work))
+    else:
+        results = [_grade_one(w) for w in work]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[Row] = []
+    for path_str, outcome in results:
+        rows.extend(outcome.rows)
+        _write_feedback(Path(path_str), root, out_dir, outcome)
+    with open(out_dir / "scores.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w.writeheader()
+        for r in rows:
+            w.writerow(asdict(r))
+    log(summary(rows))
+    log(f"\nwrote {out_dir / 'scores.csv'}")
+    return rows
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "submission"
+
+
+def _write_feedback(path: Path, root: Path, out_dir: Path, outcome: Outcome) -> None:
+    if not outcome.rows:
+        return
+    r0 = outcome.rows[0]
+    dest = out_dir / _safe(r0.student)
+    dest.mkdir(parents=True, exist_ok=True)
+    stem = _safe(path.stem)
+    if outcome.graded is not None:
+        nbformat.write(outcome.graded, dest / f"{stem}.graded.ipynb")
+    lines = [f"{r0.submission} ({r0.notebook})"]
+    total = sum(r.points for r in outcome.rows)
+    most = sum(r.max_points for r in outcome.rows)
+    lines.append(f"score: {total:g} / {most:g}")
+    for r in outcome.rows:
+        lines.append(f"- {r.exercise}: {r.points:g}/{r.max_points:g} {r.status}" + (f" — {r.detail}" if r.detail else ""))
+    lines += [f"  note: {n}" for n in outcome.notes]
+    (dest / f"{stem}.feedback.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def summary(rows: list[Row]) -> str:
+    by_sub: dict[str, list[Row]] = {}
+    for r in rows:
+        by_sub.setdefault(r.submission, []).append(r)
+    width = max([len(s) for s in by_sub] + [10])
+    out = [f"{'submission':<{width}}  {'notebook':<16} {'score':>9}  exercises"]
+    mark = {"pass": "✓", "partial": "½", "timeout": "⏱"}
+    for sub, rs in by_sub.items():
+        if rs[0].status in ("unreadable", "unmatched"):
+            out.append(f"{sub:<{width}}  {rs[0].notebook:<16} {'-':>9}  {rs[0].status}: {rs[0].detail[:80]}")
+            continue
+        score = f"{sum(r.points for r in rs):g}/{sum(r.max_points for r in rs):g}"
+        parts = [f"{r.exercise} {mark.get(r.status, '✗')}" + ("" if r.status == "pass" else f" ({r.status})")
+                 for r in rs]
+        out.append(f"{sub:<{width}}  {rs[0].notebook:<16} {score:>9}  " + ", ".join(parts))
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m quizzes.grade", description=__doc__.split("\n\n")[0])
+    ap.add_argument("submissions", type=Path, help="a folder of submitted notebooks (or one notebook)")
+    ap.add_argument("--release-dir", type=Path, default=Path("labs"))
+    ap.add_argument("--out", type=Path, default=Path("grading-out"))
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per exercise/check cell (default 300)")
+    ap.add_argument("--setup-timeout", type=float, default=600, help="seconds per other cell (default 600)")
+    ap.add_argument("--jobs", type=int, default=1, help="notebooks graded in parallel (default 1)")
+    args = ap.parse_args(argv)
+    if not args.submissions.exists():
+        print(f"error: {args.submissions} does not exist", file=sys.stderr)
+        return 2
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    grade_all(args.submissions, args.release_dir, args.out, args.timeout, args.setup_timeout, args.jobs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

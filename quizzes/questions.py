@@ -1,0 +1,387 @@
+"""Quiz questions, their banks, and the marking of one answer.
+
+A bank is a module ``quizzes/bank/<name>.py`` holding ``QUESTIONS``, a list of
+``Numeric`` and ``Choice`` objects (see ``quizzes/__init__.py`` for the guide).
+A question's full id is ``"<bank>.<id>"``, e.g. ``"lab01.q3"``.
+
+``answer(qid, value) -> Result`` is the one marking function: the widget, the
+tests and the grader all go through it, so a question is right or wrong the
+same way everywhere.
+
+Invariants:
+- Numeric answers are computed when the answer is checked, never at import
+  (they may import ``minillm.calc`` or read a measurement taken on this
+  machine), so importing a bank is cheap and cannot fail on a missing module.
+- Marking never raises for anything a student can type: bad input gives a
+  Result with ``status="invalid"``; a broken answer function gives
+  ``status="error"`` with a message naming the question.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import pkgutil
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from .units import Quantity, UnitError, format_quantity, parse_quantity, parse_unit
+
+__all__ = [
+    "Numeric",
+    "Choice",
+    "Option",
+    "Result",
+    "Bank",
+    "answer",
+    "expected",
+    "load_bank",
+    "available_banks",
+    "get_question",
+    "measured",
+    "record",
+]
+
+_ID = re.compile(r"^[a-z0-9_]+$")
+
+#: Values measured on this machine by a lab's measurement cells, read by
+#: ``Numeric`` answers that declare ``needs=(...)``. Fill it with ``record``.
+measured: dict[str, float] = {}
+
+
+def record(**values: float) -> None:
+    """Store measurements (e.g. ``record(bandwidth_GBps=26.1)``) for quiz answers."""
+    for key, val in values.items():
+        measured[key] = float(val)
+
+
+@dataclass(frozen=True)
+class Result:
+    """The outcome of one answer.
+
+    status: "correct", "wrong" (a readable answer that is not right),
+    "invalid" (not a readable answer), "error" (the question itself failed).
+    """
+
+    question: str
+    correct: bool
+    status: str
+    message: str
+    explanation: str = ""
+    expected: str = ""  # the right answer as text; "" when not revealed/known
+
+    def __str__(self) -> str:
+        return self.message
+
+    def _repr_html_(self) -> str:  # pragma: no cover - cosmetic
+        import html
+
+        color = "#137333" if self.correct else "#b3261e"
+        out = f'<div style="color:{color}">{html.escape(self.message)}</div>'
+        if self.explanation and self.correct:
+            out += f"<div>{html.escape(self.explanation)}</div>"
+        return out
+
+
+# --------------------------------------------------------------------- questions
+
+
+@dataclass(frozen=True)
+class Numeric:
+    """A question whose answer is a number in ``unit``.
+
+    answer: a number, or a function returning one (in ``unit``). A function may
+        take no argument or one, ``measured``: the dict filled by ``record``.
+    needs: names of measurements the answer reads; if one is missing the
+        student is told to run the measurement cell first.
+    example_measured: values for ``needs`` used by the tests of the bank.
+    rtol/atol: an answer x is right when |x - answer| <= atol + rtol*|answer|.
+    """
+
+    id: str
+    prompt: str
+    answer: float | Callable[..., float]
+    unit: str = ""
+    rtol: float = 0.03
+    atol: float = 0.0
+    explanation: str = ""
+    needs: tuple[str, ...] = ()
+    example_measured: Mapping[str, float] = field(default_factory=dict)
+    placeholder: str = ""
+
+    kind = "numeric"
+
+    def expected_value(self, measured_values: Mapping[str, float] | None = None) -> float:
+        ans = self.answer
+        if not callable(ans):
+            return float(ans)
+        values = measured if measured_values is None else measured_values
+        missing = [k for k in self.needs if k not in values]
+        if missing:
+            raise _NeedsMeasurement(missing)
+        takes_arg = bool(inspect.signature(ans).parameters)
+        return float(ans(values) if takes_arg else ans())
+
+
+@dataclass(frozen=True)
+class Option:
+    """One choice of a ``Choice`` question; ``why`` says why it is right or wrong."""
+
+    text: str
+    correct: bool = False
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A multiple-choice question with an explanation per option."""
+
+    id: str
+    prompt: str
+    options: Sequence[Option]
+    explanation: str = ""
+
+    kind = "choice"
+
+
+Question = Numeric | Choice
+
+
+class _NeedsMeasurement(Exception):
+    def __init__(self, names: list[str]):
+        super().__init__(", ".join(names))
+        self.names = names
+
+
+# --------------------------------------------------------------------- banks
+
+
+@dataclass(frozen=True)
+class Bank:
+    name: str
+    title: str
+    questions: dict[str, Question]  # local id -> question, in bank order
+
+    def ids(self) -> list[str]:
+        return [f"{self.name}.{qid}" for qid in self.questions]
+
+
+_BANKS: dict[str, Bank] = {}
+
+
+def available_banks() -> list[str]:
+    from . import bank as bank_pkg
+
+    return sorted(m.name for m in pkgutil.iter_modules(bank_pkg.__path__) if not m.name.startswith("_"))
+
+
+def load_bank(name: str) -> Bank:
+    """Import ``quizzes.bank.<name>`` and validate its QUESTIONS (cached)."""
+    if name in _BANKS:
+        return _BANKS[name]
+    if not _ID.match(name):
+        raise KeyError(f"bad bank name {name!r}: use lowercase letters, digits and _ (e.g. 'lab01')")
+    try:
+        mod = importlib.import_module(f"quizzes.bank.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"quizzes.bank.{name}":
+            raise
+        raise KeyError(f"no quiz bank {name!r}; available: {', '.join(available_banks()) or 'none'}") from None
+    questions = getattr(mod, "QUESTIONS", None)
+    if not isinstance(questions, (list, tuple)) or not questions:
+        raise ValueError(f"quizzes/bank/{name}.py must define a non-empty list QUESTIONS")
+    table: dict[str, Question] = {}
+    for q in questions:
+        _validate(name, q)
+        if q.id in table:
+            raise ValueError(f"quiz bank {name!r}: question id {q.id!r} is used twice")
+        table[q.id] = q
+    bank = Bank(name, getattr(mod, "TITLE", name), table)
+    _BANKS[name] = bank
+    return bank
+
+
+def _validate(bank: str, q: Any) -> None:
+    where = f"quiz bank {bank!r}"
+    if not isinstance(q, (Numeric, Choice)):
+        raise TypeError(f"{where}: QUESTIONS may hold Numeric and Choice objects, not {type(q).__name__}")
+    if not _ID.match(q.id):
+        raise ValueError(f"{where}: question id {q.id!r} must be lowercase letters, digits and _ (e.g. 'q3')")
+    if isinstance(q, Choice):
+        if len(q.options) < 2 or not any(o.correct for o in q.options):
+            raise ValueError(f"{where}, {q.id}: a Choice needs at least 2 options and at least one correct")
+        texts = [o.text.strip().casefold() for o in q.options]
+        if len(set(texts)) != len(texts):
+            raise ValueError(f"{where}, {q.id}: two options have the same text")
+    else:
+        try:
+            parse_unit(q.unit)
+        except UnitError:
+            raise ValueError(f"{where}, {q.id}: unknown unit {q.unit!r}") from None
+        missing = [k for k in q.needs if k not in q.example_measured]
+        if missing:
+            raise ValueError(f"{where}, {q.id}: give example_measured values for {missing} (the tests use them)")
+
+
+def get_question(qid: str) -> tuple[Bank, Question]:
+    bank_name, _, local = qid.partition(".")
+    if not local:
+        raise KeyError(f"question ids look like 'lab01.q3', got {qid!r}")
+    bank = load_bank(bank_name)
+    if local not in bank.questions:
+        raise KeyError(f"no question {local!r} in bank {bank_name!r}; it has {', '.join(bank.questions)}")
+    return bank, bank.questions[local]
+
+
+# --------------------------------------------------------------------- marking
+
+
+def expected(qid: str, measured_values: Mapping[str, float] | None = None) -> Any:
+    """The right answer: a number in the question's unit, or the correct option text."""
+    _, q = get_question(qid)
+    if isinstance(q, Choice):
+        return next(o.text for o in q.options if o.correct)
+    return q.expected_value(measured_values)
+
+
+def answer(qid: str, value: Any, measured_values: Mapping[str, float] | None = None) -> Result:
+    """Mark one answer. ``value`` may be text as typed ("26 GB"), a number, or
+    for a Choice an option index (0-based), letter ("b") or the option text."""
+    _, q = get_question(qid)
+    if isinstance(q, Choice):
+        return _mark_choice(qid, q, value)
+    return _mark_numeric(qid, q, value, measured_values)
+
+
+def _mark_choice(qid: str, q: Choice, value: Any) -> Result:
+    opts = list(q.options)
+    idx: int | None = None
+    if isinstance(value, Option):
+        idx = opts.index(value) if value in opts else None
+    elif isinstance(value, int) and not isinstance(value, bool):
+        idx = value if 0 <= value < len(opts) else None
+    elif isinstance(value, str):
+        v = value.strip()
+        letters = "abcdefghijklmnopqrstuvwxyz"[: len(opts)]
+        if len(v) == 1 and v.casefold() in letters:
+            idx = letters.index(v.casefold())
+        else:
+            for i, o in enumerate(opts):
+                if o.text.strip().casefold() == v.casefold():
+                    idx = i
+    if idx is None:
+        return Result(qid, False, "invalid", "Pick one of the options first.", "")
+    chosen = opts[idx]
+    if chosen.correct:
+        msg = "✓ Correct." + (f" {chosen.why}" if chosen.why else "")
+        return Result(qid, True, "correct", msg, q.explanation, chosen.text)
+    msg = "✗ Not quite." + (f" {chosen.why}" if chosen.why else " Try another option.")
+    return Result(qid, False, "wrong", msg, q.explanation, "")
+
+
+def _close(x: float, target: float, q: Numeric) -> bool:
+    return abs(x - target) <= q.atol + q.rtol * abs(target)
+
+
+def _mark_numeric(qid: str, q: Numeric, value: Any, measured_values: Mapping[str, float] | None) -> Result:
+    unit_text = q.unit or "a plain number"
+    example = f"{format_quantity(2.5, q.unit)}" if q.unit else "2.5"
+    # 1. the right answer (may need this machine's measurements)
+    try:
+        target = q.expected_value(measured_values)
+    except _NeedsMeasurement as exc:
+        return Result(
+            qid, False, "invalid",
+            f"This question uses a value measured on your machine ({', '.join(exc.names)}): "
+            "run the measurement cell above first, then check again.",
+        )
+    except Exception as exc:  # a bug in the bank or in minillm.calc, not the student's fault
+        return Result(qid, False, "error", f"The answer to {qid} could not be computed ({type(exc).__name__}: {exc}). "
+                      "This is a bug in the course; please report it.")
+    # 2. the student's number, in the question's unit
+    try:
+        given = parse_quantity(value)
+    except UnitError as exc:
+        text = str(value).strip()
+        if text and not any(c.isdigit() for c in text):
+            msg = f"Please enter a number, like {example!r} or '2.5e9' — '{text}' is not one."
+        elif "," in text and re.search(r"\d,\d{1,2}(\D|$)", text):
+            msg = f"Use a dot for decimals: e.g. {example!r}."
+        else:
+            msg = f"I could not read that: {exc}. Answer in {unit_text}, e.g. {example!r}."
+        return Result(qid, False, "invalid", msg)
+    want_dim, factor = parse_unit(q.unit)
+    x = _to_question_unit(given, want_dim, factor, value, q.unit)
+    if isinstance(x, str):
+        return Result(qid, False, "invalid", x)
+    shown_target = format_quantity(target, q.unit)
+    shown_x = format_quantity(x, q.unit)
+    if _close(x, target, q):
+        return Result(qid, True, "correct", f"✓ Correct: {shown_x} (expected {shown_target}).", q.explanation, shown_target)
+    hint = _unit_hint(x, target, q, want_dim)
+    if hint:
+        return Result(qid, False, "wrong", f"✗ Check your units: {hint}", q.explanation)
+    side = "too high" if x > target else "too low"
+    return Result(qid, False, "wrong", f"✗ Not quite: {shown_x} is {side}.", q.explanation)
+
+
+def _to_question_unit(given: Quantity, want_dim: str, factor: float, raw: Any, unit: str) -> float | str:
+    """The given quantity expressed in the question's unit, or a message if incompatible."""
+    if not given.unit_given:
+        return given.value  # a bare number is read in the question's unit
+    dim = given.dim
+    if dim == want_dim:
+        return given.value / factor
+    if dim == "":  # "26 billion": a count, read in the question's base unit
+        return given.value / factor
+    if {dim, want_dim} <= {"", "x"}:
+        return given.value / factor
+    if dim == "%" and want_dim in ("", "x"):
+        return given.value / 100.0
+    if {dim, want_dim} == {"FLOP", "FLOP/s"} and "flops" in str(raw).casefold().replace("/s", ""):
+        return given.value / factor  # "TFLOPS" is used for both counts and rates
+    return (f"This question asks for {_unit_word(want_dim)}, but your unit is {_unit_word(dim)}. "
+            f"Answer in {unit or 'a plain number'}, e.g. {format_quantity(2.5, unit)!r}.")
+
+
+def _unit_word(dim: str) -> str:
+    return {
+        "": "no unit (a plain number)",
+        "B": "bytes (B, KB, MB, GB)",
+        "B/s": "bytes per second (GB/s)",
+        "FLOP": "FLOPs",
+        "FLOP/s": "FLOP per second (TFLOP/s)",
+        "tok": "tokens",
+        "tok/s": "tokens per second (tok/s)",
+        "s": "time (s, ms)",
+        "$": "dollars ($)",
+        "%": "a percentage (%)",
+        "x": "a ratio (×)",
+    }.get(dim, dim)
+
+
+def _unit_hint(x: float, target: float, q: Numeric, want_dim: str) -> str:
+    if x == 0 or target == 0:
+        return ""
+    for k in (1, 2, 3, 4, -1, -2, -3, -4):
+        scale = 1000.0**k
+        if _close(x / scale, target, q):
+            word = {1: "10³", 2: "10⁶", 3: "10⁹", 4: "10¹²"}[abs(k)]
+            direction = "too large" if k > 0 else "too small"
+            return (f"your {format_quantity(x)} is {word} times {direction} for an answer in {q.unit or 'plain numbers'}. "
+                    f"Did you mean {format_quantity(x / scale, q.unit)}?")
+    if want_dim in ("B", "B/s"):
+        for n in (1, 2, 3, 4):
+            r = (1024.0 / 1000.0) ** n
+            if _close(x * r, target, q) or _close(x / r, target, q):
+                return ("the number is off by a power of 1024/1000: did you mix GiB (2³⁰ bytes) "
+                        "and GB (10⁹ bytes)? This course uses GB = 10⁹ bytes.")
+    if want_dim == "%" and _close(x * 100, target, q):
+        return f"answer in percent: did you mean {format_quantity(x * 100, '%')}?"
+    if want_dim in ("", "x") and _close(x / 100, target, q):
+        return f"answer as a fraction, not a percentage: did you mean {format_quantity(x / 100)}?"
+    if _close(-x, target, q):
+        return "check the sign."
+    return ""

@@ -1,0 +1,289 @@
+"""Generate the student notebooks ``labs/NN-topic.ipynb`` from ``solutions/``.
+
+    python -m quizzes.release             # write labs/ (what `make labs` runs)
+    python -m quizzes.release --check     # exit 1 if labs/ is out of date
+
+Rules (see the guide in ``quizzes/__init__.py``):
+- Lines between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` become the block's
+  ``# HINT:`` lines plus ``raise NotImplementedError("<hint>")`` at the marker's
+  indentation. Only ``exercise:<id>`` cells may hold such blocks.
+- Outputs and execution counts are cleared; cell metadata keeps only ``tags``
+  (check cells also get ``editable``/``deletable`` false, exercise cells
+  ``deletable`` false); notebook metadata is replaced by a fixed kernelspec
+  (``python3``) and a note naming the source; ``# NBVAL_`` comment lines go.
+- ``solution-only`` cells are dropped.
+
+Invariants: the output depends only on the source notebook (same bytes on every
+run); no marker and no solution line reaches a lab (checked, ReleaseError
+otherwise); every exercise has exactly one exercise cell and at least one check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+HINT = re.compile(r"^\s*#\s*HINT:\s?(.*)$")
+NBVAL_COMMENT = re.compile(r"^\s*#\s*NBVAL_[A-Z_]+\s*$")
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+NAME = re.compile(r"^\d\d-[A-Za-z0-9_-]+\.ipynb$")
+_TAG_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
+_CELL_ID = re.compile(r"^[a-zA-Z0-9-_]{1,64}$")
+
+
+class ReleaseError(ValueError):
+    """A solution notebook breaks an authoring rule; the message says where and how."""
+
+
+# ----------------------------------------------------------------------- tags
+
+
+def tags(cell) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []) or [])
+
+
+def tag_value(cell, kind: str) -> str | None:
+    """The <id> of a ``kind:<id>`` tag (kind is exercise, check, quiz or points), or None."""
+    for t in tags(cell):
+        if t.startswith(kind + ":"):
+            return t.split(":", 1)[1].strip()
+    return None
+
+
+@dataclass
+class Layout:
+    """Where the exercises and checks of a notebook are (cell indices)."""
+
+    exercise_cell: dict[str, int] = field(default_factory=dict)
+    check_cells: dict[str, list[int]] = field(default_factory=dict)
+    points: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def exercises(self) -> list[str]:
+        return list(self.exercise_cell)
+
+
+def layout(nb, where: str = "notebook") -> Layout:
+    """Find exercise/check cells and validate the tagging rules."""
+    out = Layout()
+    for i, cell in enumerate(nb.cells):
+        ex, ck = tag_value(cell, "exercise"), tag_value(cell, "check")
+        for kind, val in (("exercise", ex), ("check", ck), ("quiz", tag_value(cell, "quiz"))):
+            if val is not None and not _TAG_ID.match(val):
+                raise ReleaseError(f"{where}, cell {i}: tag '{kind}:{val}' — ids may use letters, digits, _ . -")
+        if ex is not None and ck is not None:
+            raise ReleaseError(f"{where}, cell {i}: a cell is either exercise:{ex} or check:{ck}, not both")
+        if (ex is not None or ck is not None) and cell.cell_type != "code":
+            raise ReleaseError(f"{where}, cell {i}: exercise/check tags belong on code cells")
+        if ex is not None:
+            if ex in out.exercise_cell:
+                raise ReleaseError(f"{where}: exercise '{ex}' is tagged on cells {out.exercise_cell[ex]} and {i}; "
+                                   "keep one cell per exercise")
+            out.exercise_cell[ex] = i
+            pts = tag_value(cell, "points")
+            try:
+                out.points[ex] = float(pts) if pts is not None else 1.0
+            except ValueError:
+                raise ReleaseError(f"{where}, cell {i}: tag 'points:{pts}' must be a number") from None
+        if ck is not None:
+            out.check_cells.setdefault(ck, []).append(i)
+    for ck, cells in out.check_cells.items():
+        if ck not in out.exercise_cell:
+            raise ReleaseError(f"{where}: check cell(s) {cells} are tagged check:{ck}, but no cell is tagged exercise:{ck}")
+    for ex, i in out.exercise_cell.items():
+        if ex not in out.check_cells:
+            raise ReleaseError(f"{where}: exercise '{ex}' (cell {i}) has no cell tagged check:{ex}")
+        if out.check_cells[ex][0] < i:
+            raise ReleaseError(f"{where}: a check:{ex} cell comes before its exercise cell {i}")
+    return out
+
+
+# ----------------------------------------------------------------------- solution blocks
+
+
+def strip_solutions(source: str, where: str) -> tuple[str, list[str], int]:
+    """Replace each solution block by its hints and a NotImplementedError stub.
+
+    Returns (new source, the removed solution lines, number of blocks)."""
+    out: list[str] = []
+    removed: list[str] = []
+    blocks = 0
+    block: list[str] | None = None
+    indent = ""
+    for lineno, line in enumerate(source.splitlines(), 1):
+        s = line.strip()
+        if s.startswith(BEGIN):
+            if block is not None:
+                raise ReleaseError(f"{where}, line {lineno}: '{BEGIN}' inside another solution block")
+            block, indent = [], line[: len(line) - len(line.lstrip())]
+            continue
+        if s.startswith(END):
+            if block is None:
+                raise ReleaseError(f"{where}, line {lineno}: '{END}' without a matching '{BEGIN}'")
+            hints = [m.group(1).strip() for m in (HINT.match(b) for b in block) if m]
+            out.extend(f"{indent}# HINT: {h}" for h in hints)
+            message = json.dumps(" ".join(hints), ensure_ascii=False) if hints else ""
+            out.append(f"{indent}raise NotImplementedError({message})")
+            removed.extend(b for b in block if not HINT.match(b))
+            block, blocks = None, blocks + 1
+            continue
+        if block is not None:
+            block.append(line)
+        elif not NBVAL_COMMENT.match(line):
+            out.append(line)
+    if block is not None:
+        raise ReleaseError(f"{where}: '{BEGIN}' is never closed by '{END}'")
+    return "\n".join(out), removed, blocks
+
+
+def _significant(line: str) -> bool:
+    s = line.strip()
+    return bool(s) and not s.startswith("#") and s not in ("pass", "...", "return", ")", "]", "}")
+
+
+# ----------------------------------------------------------------------- one notebook
+
+
+def build_lab(solution, name: str):
+    """Return the student notebook (a NotebookNode) for a solution notebook."""
+    where = f"solutions/{name}"
+    lay = layout(solution, where)
+    cells = []
+    leaked_candidates: list[tuple[int, str]] = []
+    seen_ids: set[str] = set()
+    for i, cell in enumerate(solution.cells):
+        ctags = tags(cell)
+        if "solution-only" in ctags:
+            continue
+        src = cell.source
+        if cell.cell_type == "code":
+            new_src, removed, blocks = strip_solutions(src, f"{where}, cell {i}")
+            if blocks and tag_value(cell, "exercise") is None:
+                raise ReleaseError(f"{where}, cell {i}: solution blocks are only allowed in cells tagged "
+                                   "exercise:<id> (the grader carries only those over)")
+            if tag_value(cell, "exercise") is not None and not blocks:
+                raise ReleaseError(f"{where}, cell {i}: exercise:{tag_value(cell, 'exercise')} has no "
+                                   f"'{BEGIN}' ... '{END}' block")
+            outside = {ln.strip() for ln in new_src.splitlines()}
+            leaked_candidates += [(i, ln) for ln in removed if _significant(ln) and ln.strip() not in outside]
+            src = new_src
+        elif BEGIN in src or END in src:
+            raise ReleaseError(f"{where}, cell {i}: solution markers are only allowed in code cells")
+        meta: dict = {}
+        if ctags:
+            meta["tags"] = ctags
+        if tag_value(cell, "check") is not None:
+            meta["editable"], meta["deletable"] = False, False
+        if tag_value(cell, "exercise") is not None:
+            meta["deletable"] = False
+        cid = cell.get("id")
+        if not (isinstance(cid, str) and _CELL_ID.match(cid)) or cid in seen_ids:
+            cid = f"{Path(name).stem[:40]}-cell-{i}"
+        seen_ids.add(cid)
+        if cell.cell_type == "code":
+            new = nbformat.v4.new_code_cell(source=src, metadata=meta, id=cid)
+        elif cell.cell_type == "markdown":
+            new = nbformat.v4.new_markdown_cell(source=src, metadata=meta, id=cid)
+            if cell.get("attachments"):
+                new["attachments"] = cell["attachments"]
+        else:
+            new = nbformat.v4.new_raw_cell(source=src, metadata=meta, id=cid)
+        cells.append(new)
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.nbformat, nb.nbformat_minor = 4, 5
+    nb.metadata = {
+        "kernelspec": dict(KERNELSPEC),
+        "language_info": {"name": "python"},
+        "minillm": {"generated_from": f"solutions/{name}",
+                    "note": "Generated by `make labs`; edit the solution notebook, not this file."},
+    }
+    _assert_no_solutions(nb, leaked_candidates, where)
+    layout(nb, f"labs/{name}")  # the lab keeps the same structure
+    return nb
+
+
+def _assert_no_solutions(nb, candidates: list[tuple[int, str]], where: str) -> None:
+    text = render(nb)
+    for marker in (BEGIN, END):
+        if marker in text:
+            raise ReleaseError(f"{where}: '{marker}' would reach the lab")
+    lines = {ln.strip() for c in nb.cells for ln in c.source.splitlines()}
+    for i, line in candidates:
+        if line.strip() in lines:
+            raise ReleaseError(f"{where}, cell {i}: solution line {line.strip()!r} would appear in the lab "
+                               "(it is also written elsewhere; change one of them)")
+
+
+def render(nb) -> str:
+    """Serialize deterministically: nbformat's JSON (sorted keys, indent 1) plus a newline."""
+    text = nbformat.writes(nb, version=4)
+    return text if text.endswith("\n") else text + "\n"
+
+
+# ----------------------------------------------------------------------- the command
+
+
+def solution_files(solutions_dir: Path, names: list[str] | None = None) -> list[Path]:
+    files = sorted(p for p in solutions_dir.glob("*.ipynb") if NAME.match(p.name))
+    if names:
+        wanted = {n if n.endswith(".ipynb") else n + ".ipynb" for n in names}
+        files = [p for p in files if p.name in wanted or p.stem.split("-")[0] in names]
+    return files
+
+
+def release(solutions_dir: Path, labs_dir: Path, check: bool = False, names: list[str] | None = None,
+            log=print) -> int:
+    """Write (or, with check=True, compare) every lab. Returns a process exit code."""
+    sources = solution_files(solutions_dir, names)
+    problems: list[str] = []
+    for src in sources:
+        try:
+            nb = nbformat.read(src, as_version=4)
+            text = render(build_lab(nb, src.name))
+        except ReleaseError as exc:
+            problems.append(f"error: {exc}")
+            continue
+        except Exception as exc:  # unreadable JSON and the like
+            problems.append(f"error: solutions/{src.name}: cannot read it ({type(exc).__name__}: {exc})")
+            continue
+        dest = labs_dir / src.name
+        current = dest.read_text(encoding="utf-8") if dest.exists() else None
+        if current == text:
+            log(f"up to date  {dest}")
+        elif check:
+            problems.append(f"out of date: {dest} (run `make labs` and commit the result)")
+        else:
+            labs_dir.mkdir(parents=True, exist_ok=True)
+            dest.write_text(text, encoding="utf-8")
+            log(f"wrote       {dest}")
+    if not names:
+        known = {p.name for p in sources}
+        for extra in sorted(labs_dir.glob("*.ipynb")) if labs_dir.exists() else []:
+            if extra.name not in known:
+                problems.append(f"{'stale' if check else 'warning: stale'}: {extra} has no source in {solutions_dir}/"
+                                + ("" if check else " (delete it)"))
+    for p in problems:
+        log(p)
+    errors = [p for p in problems if not p.startswith("warning")]
+    return 1 if errors else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m quizzes.release", description=__doc__.split("\n\n")[0])
+    ap.add_argument("names", nargs="*", help="only these notebooks (e.g. 02 or 02-kv-cache)")
+    ap.add_argument("--solutions", type=Path, default=Path("solutions"))
+    ap.add_argument("--labs", type=Path, default=Path("labs"))
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if labs/ is out of date")
+    args = ap.parse_args(argv)
+    return release(args.solutions, args.labs, check=args.check, names=args.names or None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

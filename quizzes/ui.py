@@ -1,0 +1,130 @@
+"""ipywidgets rendering of quiz questions: ``quizzes.show("lab01")``.
+
+Each question is a box with a prompt, an input (a text box for numeric
+questions, radio buttons for choices), a Check button and a feedback line. The
+general explanation appears once the answer is right, or after
+``REVEAL_AFTER`` wrong tries; a choice's own explanation ("why") is part of the
+feedback at once.
+
+Stable hooks for browser tests (CSS classes on the widgets' DOM nodes):
+  .quiz-question and .quiz-q-<bank>-<id>   the box of one question
+  .quiz-prompt / .quiz-input / .quiz-choices / .quiz-check / .quiz-feedback /
+  .quiz-explanation                         its parts
+  .quiz-correct / .quiz-wrong               added to .quiz-feedback after a check
+The Check button's description is "Check".
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Iterable
+
+from .questions import Choice, Result, answer, get_question, load_bank
+
+REVEAL_AFTER = 2
+
+__all__ = ["QuestionWidget", "build", "show"]
+
+
+def _css_id(qid: str) -> str:
+    return "quiz-q-" + qid.replace(".", "-").replace("_", "-")
+
+
+class QuestionWidget:
+    """The widgets of one question, plus ``submit(value)`` for tests and scripts."""
+
+    def __init__(self, qid: str):
+        import ipywidgets as w
+
+        self.qid = qid
+        _, q = get_question(qid)
+        self.question = q
+        self.tries = 0
+        self.last: Result | None = None
+        number = qid.split(".", 1)[1]
+        self.prompt = w.HTMLMath(value=f"<b>{html.escape(number)}.</b> {q.prompt}")
+        self.prompt.add_class("quiz-prompt")
+        if isinstance(q, Choice):
+            self.input = w.RadioButtons(options=[o.text for o in q.options], value=None,
+                                        layout=w.Layout(width="auto"))
+            self.input.add_class("quiz-choices")
+        else:
+            unit = f" ({q.unit})" if q.unit else ""
+            self.input = w.Text(placeholder=q.placeholder or f"your answer{unit}, e.g. 2.5{' ' + q.unit if q.unit else ''}",
+                                layout=w.Layout(width="260px"))
+            self.input.add_class("quiz-input")
+            self.input.continuous_update = False
+        self.button = w.Button(description="Check", button_style="primary", tooltip="Check your answer")
+        self.button.add_class("quiz-check")
+        self.feedback = w.HTML(value="")
+        self.feedback.add_class("quiz-feedback")
+        self.explanation = w.HTMLMath(value="")
+        self.explanation.add_class("quiz-explanation")
+        self.button.on_click(lambda _b: self.submit(self.input.value))
+        self.box = w.VBox([self.prompt, w.HBox([self.input, self.button]), self.feedback, self.explanation],
+                          layout=w.Layout(border="1px solid #ddd", padding="6px 10px", margin="6px 0"))
+        self.box.add_class("quiz-question")
+        self.box.add_class(_css_id(qid))
+
+    def submit(self, value) -> Result:
+        """Mark ``value`` and update the feedback (what the Check button does)."""
+        if value is None or (isinstance(value, str) and not value.strip()):
+            result = Result(self.qid, False, "invalid",
+                            "Pick an option first." if isinstance(self.question, Choice) else "Type an answer first.")
+        else:
+            result = answer(self.qid, value)
+        self.last = result
+        if result.status in ("correct", "wrong"):
+            self.tries += 1
+        color = {"correct": "#137333", "wrong": "#b3261e"}.get(result.status, "#8a5300")
+        self.feedback.value = f'<span style="color:{color}">{html.escape(result.message)}</span>'
+        for cls in ("quiz-correct", "quiz-wrong", "quiz-invalid"):
+            self.feedback.remove_class(cls)
+        self.feedback.add_class({"correct": "quiz-correct", "wrong": "quiz-wrong"}.get(result.status, "quiz-invalid"))
+        explanation = result.explanation
+        if explanation and (result.correct or self.tries >= REVEAL_AFTER):
+            self.explanation.value = f"<i>Explanation:</i> {explanation}"
+        elif explanation and result.status == "wrong":
+            left = REVEAL_AFTER - self.tries
+            self.explanation.value = f"<i>The explanation appears after a right answer or {left} more tr{'y' if left == 1 else 'ies'}.</i>"
+        return result
+
+
+def _resolve(spec: str | Iterable[str]) -> list[str]:
+    specs = [spec] if isinstance(spec, str) else list(spec)
+    ids: list[str] = []
+    for s in specs:
+        if "." in s:
+            get_question(s)  # raises a clear KeyError if unknown
+            ids.append(s)
+        else:
+            ids.extend(load_bank(s).ids())
+    return ids
+
+
+def build(spec: str | Iterable[str]) -> tuple[object, list[QuestionWidget]]:
+    """Widgets for a bank ("lab01"), one question ("lab01.q3") or a list of either."""
+    import ipywidgets as w
+
+    items = [QuestionWidget(qid) for qid in _resolve(spec)]
+    box = w.VBox([it.box for it in items])
+    box.add_class("quiz")
+    return box, items
+
+
+def show(spec: str | Iterable[str]) -> None:
+    """Display the quiz for a bank, a question, or a list of them."""
+    try:
+        import ipywidgets  # noqa: F401
+        from IPython.display import display
+    except ImportError:  # outside Jupyter: print the questions, answer with quizzes.answer
+        for qid in _resolve(spec):
+            _, q = get_question(qid)
+            print(f"{qid}: {q.prompt}")
+            if isinstance(q, Choice):
+                for letter, o in zip("abcdefghij", q.options):
+                    print(f"   {letter}) {o.text}")
+        print("Answer with quizzes.answer(question_id, value).")
+        return
+    box, _ = build(spec)
+    display(box)

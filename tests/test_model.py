@@ -1,0 +1,192 @@
+"""The model and generation on small random-weight configs (fast, no real model)."""
+import pytest
+import torch
+
+import minillm
+from minillm import LlamaModel, ModelConfig
+from minillm.kv_cache import KVCache, cached_attention, kv_cache_append
+from minillm.model import apply_rope, rope_cos_sin
+
+CONFIGS = {
+    "gqa": ModelConfig.tiny(),
+    "mha": ModelConfig.tiny(num_kv_heads=4),
+    "mqa": ModelConfig.tiny(num_kv_heads=1),
+    "deep": ModelConfig.tiny(num_layers=4, num_heads=6, num_kv_heads=3, head_dim=8,
+                             hidden_size=48),
+}
+
+
+def make(name, seed=0):
+    return LlamaModel(CONFIGS[name]).init_random_weights(seed=seed).eval()
+
+
+def prompt(seed, n, vocab=128):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+
+def test_param_count_matches_module(tiny_model):
+    assert tiny_model.config.num_params() == sum(p.numel() for p in tiny_model.parameters())
+
+
+def test_smollm2_preset_param_count():
+    assert ModelConfig.smollm2_135m().num_params() == 134_515_008
+
+
+def test_forward_shape_and_causality(tiny_model):
+    ids = torch.tensor([prompt(0, 12), prompt(1, 12)])
+    logits = tiny_model(ids)
+    assert logits.shape == (2, 12, 128)
+    # Changing a later token must not change earlier logits.
+    ids2 = ids.clone()
+    ids2[:, 8] = (ids2[:, 8] + 1) % 128
+    logits2 = tiny_model(ids2)
+    torch.testing.assert_close(logits[:, :8], logits2[:, :8])
+    assert not torch.allclose(logits[:, 8:], logits2[:, 8:])
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cached_equals_uncached(name, seed):
+    model = make(name, seed)
+    ids = prompt(seed, 5 + 7 * seed)
+    cached = minillm.generate(model, ids, 24, ignore_eos=True)
+    uncached = minillm.generate(model, ids, 24, ignore_eos=True, use_cache=False)
+    assert cached == uncached
+    assert len(cached) == 24
+
+
+def test_rope_is_a_rotation_and_relative():
+    cos, sin = rope_cos_sin(16, 64, 10000.0)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 2, 16, generator=g), torch.randn(1, 1, 2, 16, generator=g)
+    at = lambda x, p: apply_rope(x, cos[p][None, None], sin[p][None, None])
+    torch.testing.assert_close(at(q, 5).norm(dim=-1), q.norm(dim=-1))
+    # <R(m)q, R(n)k> depends only on m - n.
+    d1 = (at(q, 7) * at(k, 3)).sum(-1)
+    d2 = (at(q, 20) * at(k, 16)).sum(-1)
+    torch.testing.assert_close(d1, d2, atol=1e-5, rtol=1e-5)
+
+
+def test_kv_cache_append_writes_positions_and_validates():
+    g = torch.Generator().manual_seed(0)
+    k_cache, v_cache = torch.zeros(2, 8, 2, 4), torch.zeros(2, 8, 2, 4)
+    k, v = torch.randn(2, 3, 2, 4, generator=g), torch.randn(2, 3, 2, 4, generator=g)
+    kv_cache_append(k_cache, v_cache, k, v, 4)
+    torch.testing.assert_close(k_cache[:, 4:7], k)
+    torch.testing.assert_close(v_cache[:, 4:7], v)
+    assert k_cache[:, :4].abs().sum() == 0 and k_cache[:, 7:].abs().sum() == 0
+    before = k_cache.clone()
+    with pytest.raises(ValueError, match="cannot write 3 tokens at position 6"):
+        kv_cache_append(k_cache, v_cache, k, v, 6)
+    with pytest.raises(ValueError, match="position -1"):
+        kv_cache_append(k_cache, v_cache, k, v, -1)
+    torch.testing.assert_close(k_cache, before)  # failed writes change nothing
+
+
+def test_cached_attention_matches_full_attention():
+    g = torch.Generator().manual_seed(0)
+    B, T, Hq, Hkv, D = 2, 9, 6, 2, 8
+    q = torch.randn(B, T, Hq, D, generator=g)
+    k = torch.randn(B, T, Hkv, D, generator=g)
+    v = torch.randn(B, T, Hkv, D, generator=g)
+    full = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+        enable_gqa=True).transpose(1, 2)
+    k_cache, v_cache = torch.zeros(B, 16, Hkv, D), torch.zeros(B, 16, Hkv, D)
+    kv_cache_append(k_cache, v_cache, k[:, :5], v[:, :5], 0)
+    first = cached_attention(q[:, :5], k_cache, v_cache, 0)
+    outs = [first]
+    for t in range(5, T):  # then one token at a time
+        kv_cache_append(k_cache, v_cache, k[:, t:t + 1], v[:, t:t + 1], t)
+        outs.append(cached_attention(q[:, t:t + 1], k_cache, v_cache, t))
+    torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gqa", "mqa"])
+def test_static_batch_equals_one_at_a_time(name):
+    model = make(name, 3)
+    prompts = [prompt(10, 3), prompt(11, 11), prompt(12, 7), prompt(13, 1)]
+    limits = [9, 4, 12, 6]
+    batched = minillm.generate_batch(model, prompts, limits, ignore_eos=True)
+    alone = [minillm.generate(model, p, n, ignore_eos=True) for p, n in zip(prompts, limits)]
+    assert batched == alone
+    uncached = minillm.generate_batch(model, prompts, limits, ignore_eos=True, use_cache=False)
+    assert uncached == alone
+
+
+def test_sampling_is_seeded_and_reproducible(tiny_model):
+    ids = prompt(5, 6)
+    kw = dict(temperature=1.0, top_k=20, top_p=0.9, ignore_eos=True)
+    a = minillm.generate(tiny_model, ids, 30, seed=7, **kw)
+    b = minillm.generate(tiny_model, ids, 30, seed=7, **kw)
+    c = minillm.generate(tiny_model, ids, 30, seed=8, **kw)
+    assert a == b and a != c
+    batched = minillm.generate_batch(tiny_model, [ids, ids], 30, seed=7, **kw)
+    assert batched[0] == a and batched[1] == minillm.generate(tiny_model, ids, 30, seed=8, **kw)
+
+
+def test_top_k_1_is_greedy(tiny_model):
+    ids = prompt(6, 6)
+    greedy = minillm.generate(tiny_model, ids, 20, ignore_eos=True)
+    assert minillm.generate(tiny_model, ids, 20, temperature=0.7, top_k=1, seed=0,
+                            ignore_eos=True) == greedy
+
+
+def test_top_p_keeps_the_nucleus():
+    from minillm.sampling import filter_logits
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    kept = filter_logits(logits, None, 0.7).isfinite().tolist()
+    assert kept == [True, True, False, False]
+    kept = filter_logits(logits, None, 0.8).isfinite().tolist()
+    assert kept == [True, True, False, False]
+    kept = filter_logits(logits, None, 0.81).isfinite().tolist()
+    assert kept == [True, True, True, False]
+    assert filter_logits(logits, 3, None).isfinite().tolist() == [True, True, True, False]
+
+
+def test_stops_at_eos_and_stop_tokens(tiny_model):
+    ids = prompt(7, 5)
+    free = minillm.generate(tiny_model, ids, 20, ignore_eos=True)
+    stop = free[4]
+    out = minillm.generate(tiny_model, ids, 20, stop_token_ids=[stop], ignore_eos=True)
+    assert out == free[:free.index(stop) + 1]
+    # EOS stops generation unless ignore_eos is set.
+    eos_model = LlamaModel(ModelConfig.tiny(eos_token_id=free[2])).init_random_weights(0).eval()
+    assert minillm.generate(eos_model, ids, 20) == free[:free.index(free[2]) + 1]
+
+
+def test_streaming_yields_the_same_tokens(tiny_model):
+    ids = prompt(8, 4)
+    assert list(minillm.generate_stream(tiny_model, ids, 15, ignore_eos=True)) == \
+        minillm.generate(tiny_model, ids, 15, ignore_eos=True)
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    (dict(prompt_ids=[]), ValueError, "empty"),
+    (dict(prompt_ids="hello"), TypeError, "list of ints"),
+    (dict(prompt_ids=[1, 999]), ValueError, r"\[0, 128\)"),
+    (dict(max_new_tokens=-1), ValueError, "max_new_tokens"),
+    (dict(prompt_ids=[5] * 250, max_new_tokens=10), ValueError, "context length of 256"),
+    (dict(temperature=-1.0), ValueError, "temperature"),
+    (dict(top_p=1.5), ValueError, "top_p"),
+    (dict(top_k=0), ValueError, "top_k"),
+])
+def test_bad_requests_raise_clear_errors(tiny_model, bad, error, match):
+    kwargs = dict(prompt_ids=[5, 6, 7], max_new_tokens=4) | bad
+    with pytest.raises(error, match=match):
+        minillm.generate(tiny_model, **kwargs)
+
+
+def test_positions_beyond_context_raise(tiny_model):
+    with pytest.raises(ValueError, match=r"positions must lie in \[0, 256\)"):
+        tiny_model(torch.tensor([[1, 2]]), torch.tensor([[255, 256]]))
+    with pytest.raises(ValueError, match="exceeds the model's context length"):
+        KVCache(tiny_model.config, 1, 300)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        ModelConfig.tiny(num_heads=4, num_kv_heads=3)
+    with pytest.raises(ValueError, match="hidden_size"):
+        ModelConfig.tiny(hidden_size=0)
