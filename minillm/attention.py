@@ -74,7 +74,17 @@ class TritonBackend(TorchBackend):
     def dense(self, q, k, v, causal=True, key_padding_mask=None, sm_scale=None):
         if key_padding_mask is not None:
             return super().dense(q, k, v, causal, key_padding_mask, sm_scale)
-        from .kernels import flash_attention
+        from .kernels import flash_attention, paged_decode_attention
+        B, T, S = q.shape[0], q.shape[2], k.shape[2]
+        if T == 1:
+            # One new token per row over a contiguous cache: that cache is a paged cache
+            # whose block_size is S and whose row b is block b, so the decode kernel (one
+            # program per KV head, not per query tile) serves it.
+            block_tables = torch.arange(B, dtype=torch.int32, device=q.device)[:, None]
+            context_lens = torch.full((B,), S, dtype=torch.int32, device=q.device)
+            out = paged_decode_attention(q[:, :, 0], k.transpose(1, 2), v.transpose(1, 2),
+                                         block_tables, context_lens, sm_scale=sm_scale)
+            return out[:, :, None]
         return flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)
 
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,

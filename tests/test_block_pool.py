@@ -185,6 +185,22 @@ def test_same_block_tokens_under_another_prefix_are_not_a_hit(monkeypatch):
     mgr.check_invariants()
 
 
+def test_a_reused_parent_block_does_not_vouch_for_its_old_children():
+    # Pool level: the manager never evicts a parent before its child, but a hit must not
+    # rely on that. Block ids stay the same when a block is reused; content ids do not.
+    pool = block_pool.BlockPool(4, block_size=2)
+    parent, child = pool.get_new_blocks(2)
+    pool.cache_block(parent, 10, (1, 1), None)
+    pool.cache_block(child, 11, (2, 2), parent)
+    assert pool.lookup(11, (2, 2), parent) is child
+    pool.free_blocks([parent])
+    assert pool.get_new_blocks(3)[-1] is parent               # evicted and handed out again
+    assert pool.cached_blocks() == {11: 1}
+    pool.cache_block(parent, 10, (1, 1), None)                # same id, same tokens, new KV
+    assert pool.lookup(10, (1, 1), None) is parent
+    assert pool.lookup(11, (2, 2), parent) is None
+
+
 def test_prefix_caching_can_be_disabled():
     mgr = make(enable_prefix_caching=False)
     mgr.allocate("a", range(8))

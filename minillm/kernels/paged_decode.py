@@ -40,7 +40,7 @@ from .flash_attention import LOG2E, _block_d, _check_device_dtype, _check_heads,
 
 __all__ = ["paged_decode_attention"]
 
-CPU_BLOCK_N = 16  # interpreter: one fixed small key tile
+CPU_BLOCK_N = 64  # interpreter: one fixed key tile
 
 
 @triton.jit

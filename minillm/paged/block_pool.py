@@ -24,6 +24,11 @@ Free-queue order is deterministic, so tests can assert exact block ids:
     to be shared again) are the last to be evicted.
 A freed block keeps its hash: a later hit revives it (out of the free queue, ref_cnt 1).
 Its hash is dropped only when the block is taken from the free queue for reuse (eviction).
+
+Prefix caching: full blocks are keyed by a chained hash of (parent_hash, block tokens). A
+block is cached only once its KV is computed (`cache_blocks`, or `append_slots` for the
+tokens before the new ones); if equal content is already cached elsewhere, the first copy
+stays the cached one. A hit is exact, not just probable: see `BlockPool.lookup`.
 """
 from __future__ import annotations
 
@@ -42,7 +47,8 @@ def hash_block_tokens(parent_hash: int | None, token_ids: tuple[int, ...]) -> in
     """Chained hash of one full block: it identifies the block's tokens *and* its prefix.
 
     sha256 of the text repr, cut to 64 bits: the same in every process (unlike hash() of
-    str) and collisions cannot be crafted from token ids. The hash only *finds* a candidate:
+    str) and far harder to collide on purpose than hash() of a tuple of ints, which is all a
+    client controls. Still, the hash only *finds* a candidate:
     `BlockPool.lookup` accepts it after checking its tokens and its parent block, so even a
     collision costs a miss, never a wrong KV block.
     """
@@ -98,7 +104,7 @@ class BlockPool:
         for _ in range(n):
             block = self.blocks[self._free.popitem(last=False)[0]]
             self._uncache(block)
-            block.ref_cnt, block.content_id = 1, block.block_id
+            block.ref_cnt, block.content_id = 1, self._next_content_id
             self._next_content_id += 1
             out.append(block)
         return out
