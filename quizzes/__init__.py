@@ -83,7 +83,7 @@ A module with ``TITLE`` and ``QUESTIONS``::
 
     def _kv_gb():
         from minillm import calc          # import inside: answers are computed at check time
-        return calc.kv_cache_bytes(layers=80, kv_heads=8, head_dim=128, seq_len=4096, dtype_bytes=2) / 1e9
+        return calc.kv_cache_bytes(num_layers=80, num_kv_heads=8, head_dim=128, seq_len=4096, dtype_bytes=2) / 1e9
 
     QUESTIONS = [
         Numeric("q1", "KV cache of Llama-2-70B at 4096 tokens, fp16, one sequence?", answer=_kv_gb,
@@ -96,7 +96,8 @@ A module with ``TITLE`` and ``QUESTIONS``::
             Option("AWQ", why="AWQ rescales salient channels; it does not propagate error.")]),
     ]
 
-Numeric input accepts "26e9", "26 GB", "1,340 MB", "3 × 10^9"; a bare number is
+Prompts and explanations are plain text with `code` and **bold** (no HTML, no LaTeX:
+write 2·N·L, ÷, ×, ², α). Numeric input accepts "26e9", "26 GB", "1,340 MB", "3 × 10^9"; a bare number is
 read in the question's unit; an answer off by 10^3/10^6/10^9 (or GiB vs GB) gets a
 "check your units" hint. A measured answer reads ``quizzes.measured``, filled by the
 lab's measurement cell with ``quizzes.record(bandwidth_GBps=bw)``.

@@ -36,6 +36,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -194,7 +195,9 @@ def grade_notebook(path: Path, root: Path, releases: dict[str, Path], timeout: f
                             f"no release notebook matches this file name (known: {', '.join(sorted(releases))})")])
     nbname = release_path.stem
     try:
-        student_nb = nbformat.read(path, as_version=4)
+        with warnings.catch_warnings():  # students' notebooks often lack cell ids etc.; not their problem
+            warnings.simplefilter("ignore")
+            student_nb = nbformat.read(path, as_version=4)
         if not isinstance(student_nb.get("cells"), list):
             raise ValueError("no cells")
     except Exception as exc:
@@ -278,7 +281,14 @@ def _score(ex: str, lay: Layout, nb, stubbed: dict[str, str], missing: set[str],
 def _grade_one(args: tuple) -> tuple[str, Outcome]:
     path, root, releases, timeout, setup_timeout, cwd = args
     t0 = time.monotonic()
-    out = grade_notebook(path, root, releases, timeout, setup_timeout, cwd)
+    try:
+        out = grade_notebook(path, root, releases, timeout, setup_timeout, cwd)
+    except Exception as exc:  # one odd submission must not stop the batch
+        rel = str(path.relative_to(root))
+        matched = match_release(path, releases)
+        out = Outcome([Row(student_name(path, root, matched.stem if matched else None), rel,
+                           matched.stem if matched else "-", "-", 0, 0, "unreadable",
+                           f"the grader failed on this file: {type(exc).__name__}: {_first_lines(str(exc), 1)[:200]}")])
     out.notes.append(f"graded in {time.monotonic() - t0:.1f} s")
     return str(path), out
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import math
 import pkgutil
 import re
 from dataclasses import dataclass, field

@@ -243,6 +243,9 @@ def release(solutions_dir: Path, labs_dir: Path, check: bool = False, names: lis
     """Write (or, with check=True, compare) every lab. Returns a process exit code."""
     sources = solution_files(solutions_dir, names)
     problems: list[str] = []
+    if not names and solutions_dir.exists():
+        for odd in sorted(p for p in solutions_dir.glob("*.ipynb") if not NAME.match(p.name)):
+            problems.append(f"warning: {odd} ignored: solution notebooks are named like 01-topic.ipynb")
     for src in sources:
         try:
             nb = nbformat.read(src, as_version=4)

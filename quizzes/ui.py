@@ -7,7 +7,7 @@ general explanation appears once the answer is right, or after
 feedback at once.
 
 Stable hooks for browser tests (CSS classes on the widgets' DOM nodes):
-  .quiz-question and .quiz-q-<bank>-<id>   the box of one question
+  .quiz-question and .quiz-q-<bank>-<id>   the box of one question ("_" becomes "-")
   .quiz-prompt / .quiz-input / .quiz-choices / .quiz-check / .quiz-feedback /
   .quiz-explanation                         its parts
   .quiz-correct / .quiz-wrong               added to .quiz-feedback after a check
@@ -17,6 +17,7 @@ The Check button's description is "Check".
 from __future__ import annotations
 
 import html
+import re
 from typing import Iterable
 
 from .questions import Choice, Result, answer, get_question, load_bank
@@ -24,6 +25,15 @@ from .questions import Choice, Result, answer, get_question, load_bank
 REVEAL_AFTER = 2
 
 __all__ = ["QuestionWidget", "build", "show"]
+
+
+def markup(text: str) -> str:
+    """Prompts and explanations are plain text with `code` and **bold**; everything else is escaped
+    (so "$2.50/h" and "p < q" show as typed: no HTML, no LaTeX)."""
+    out = html.escape(text)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    out = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", out)
+    return out.replace("\n", "<br>")
 
 
 def _css_id(qid: str) -> str:
@@ -42,11 +52,11 @@ class QuestionWidget:
         self.tries = 0
         self.last: Result | None = None
         number = qid.split(".", 1)[1]
-        self.prompt = w.HTMLMath(value=f"<b>{html.escape(number)}.</b> {q.prompt}")
+        self.prompt = w.HTML(value=f"<b>{html.escape(number)}.</b> {markup(q.prompt)}")
         self.prompt.add_class("quiz-prompt")
         if isinstance(q, Choice):
             self.input = w.RadioButtons(options=[o.text for o in q.options], value=None,
-                                        layout=w.Layout(width="auto"))
+                                        layout=w.Layout(width="100%"))
             self.input.add_class("quiz-choices")
         else:
             unit = f" ({q.unit})" if q.unit else ""
@@ -58,10 +68,11 @@ class QuestionWidget:
         self.button.add_class("quiz-check")
         self.feedback = w.HTML(value="")
         self.feedback.add_class("quiz-feedback")
-        self.explanation = w.HTMLMath(value="")
+        self.explanation = w.HTML(value="")
         self.explanation.add_class("quiz-explanation")
         self.button.on_click(lambda _b: self.submit(self.input.value))
-        self.box = w.VBox([self.prompt, w.HBox([self.input, self.button]), self.feedback, self.explanation],
+        row = w.VBox([self.input, self.button]) if isinstance(q, Choice) else w.HBox([self.input, self.button])
+        self.box = w.VBox([self.prompt, row, self.feedback, self.explanation],
                           layout=w.Layout(border="1px solid #ddd", padding="6px 10px", margin="6px 0"))
         self.box.add_class("quiz-question")
         self.box.add_class(_css_id(qid))
@@ -77,13 +88,14 @@ class QuestionWidget:
         if result.status in ("correct", "wrong"):
             self.tries += 1
         color = {"correct": "#137333", "wrong": "#b3261e"}.get(result.status, "#8a5300")
+        state = {"correct": "quiz-correct", "wrong": "quiz-wrong"}.get(result.status, "quiz-invalid")
+        # classes first and in one assignment (one sync message), then the text a test waits for
+        self.feedback._dom_classes = tuple(c for c in self.feedback._dom_classes
+                                           if c not in ("quiz-correct", "quiz-wrong", "quiz-invalid")) + (state,)
         self.feedback.value = f'<span style="color:{color}">{html.escape(result.message)}</span>'
-        for cls in ("quiz-correct", "quiz-wrong", "quiz-invalid"):
-            self.feedback.remove_class(cls)
-        self.feedback.add_class({"correct": "quiz-correct", "wrong": "quiz-wrong"}.get(result.status, "quiz-invalid"))
         explanation = result.explanation
         if explanation and (result.correct or self.tries >= REVEAL_AFTER):
-            self.explanation.value = f"<i>Explanation:</i> {explanation}"
+            self.explanation.value = f"<i>Explanation:</i> {markup(explanation)}"
         elif explanation and result.status == "wrong":
             left = REVEAL_AFTER - self.tries
             self.explanation.value = f"<i>The explanation appears after a right answer or {left} more tr{'y' if left == 1 else 'ies'}.</i>"

@@ -143,6 +143,19 @@ class JupyterLabServer:
         self.stop()
         raise RuntimeError(f"JupyterLab did not answer within {timeout:.0f} s:\n{self.log_tail()}")
 
+    def api(self, path: str):
+        with urllib.request.urlopen(f"{self.base}/api/{path}?token={self.token}", timeout=10) as r:
+            return json.loads(r.read())
+
+    def kernel_state(self, notebook_path: str) -> str | None:
+        try:
+            for sess in self.api("sessions"):
+                if sess.get("path") == notebook_path and sess.get("kernel"):
+                    return sess["kernel"].get("execution_state")
+        except OSError:
+            return None
+        return None
+
     def log_tail(self, n: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
@@ -210,20 +223,36 @@ class LabPage:
     def prompts(self) -> list[str]:
         return [t.strip() for t in self.page.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()]
 
+    def kernel_state(self) -> str | None:
+        """The server's view of this notebook's kernel ("idle", "busy", "starting") or None."""
+        return self.server.kernel_state(self.path or "")
+
     def wait_idle(self, timeout: float = 120) -> None:
-        """Wait until the kernel is idle and no cell shows [*]."""
+        """Wait until the server reports the kernel idle, the page agrees, and no cell shows [*]."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self._status() == "idle" and not any("*" in p for p in self.prompts()):
+            if (self.kernel_state() == "idle" and self._status() == "idle"
+                    and not any("*" in p for p in self.prompts())):
                 return
             time.sleep(0.3)
-        raise TimeoutError(f"kernel not idle after {timeout:.0f} s (prompts: {self.prompts()})")
+        raise TimeoutError(f"kernel not idle after {timeout:.0f} s (server: {self.kernel_state()}, "
+                           f"page: {self._status()}, prompts: {self.prompts()})")
 
     def run_all(self, timeout: float = 300) -> None:
         """Run > Run All Cells, then wait until the run ends (all cells, or stopped at an error)."""
-        self.page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-        self.page.locator(".lm-Menu-content .lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
         deadline = time.monotonic() + timeout
+        for _attempt in range(3):  # a click that lands before the kernel is wired up does nothing
+            self.page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+            self.page.locator(".lm-Menu-content .lm-Menu-itemLabel",
+                              has_text=re.compile(r"^Run All Cells$")).click()
+            started = time.monotonic()
+            while time.monotonic() - started < 15:
+                if any(p != "[ ]:" for p in self.prompts()):
+                    break
+                time.sleep(0.25)
+            else:
+                continue
+            break
         while time.monotonic() < deadline:
             prompts = self.prompts()
             numbered = [p for p in prompts if re.fullmatch(r"\[\d+\]:", p)]

@@ -19,6 +19,8 @@ DEMO = "tests/fixtures/00-demo.ipynb"
 
 
 def test_demo_notebook_runs_and_quiz_gives_feedback(lab):
+    from playwright.sync_api import expect
+
     lab.open(DEMO)
     lab.run_all()
     assert lab.errors() == []
@@ -45,7 +47,7 @@ def test_demo_notebook_runs_and_quiz_gives_feedback(lab):
     q1.locator("button.quiz-check").click()
     feedback.get_by_text(re.compile("Check your units")).wait_for()
     assert "Did you mean 26 GB?" in feedback.inner_text()
-    assert "quiz-wrong" in (feedback.get_attribute("class") or "")
+    expect(feedback).to_have_class(re.compile(r"\bquiz-wrong\b"))
 
     # multiple choice: a wrong option shows why it is wrong
     q3 = page.locator(".quiz-q-demo-q3")
@@ -53,4 +55,5 @@ def test_demo_notebook_runs_and_quiz_gives_feedback(lab):
     q3.locator("button.quiz-check").click()
     q3.locator(".quiz-feedback").get_by_text(re.compile("Not quite")).wait_for()
     assert "Interpreter overhead" in q3.locator(".quiz-feedback").inner_text()
+    q3.locator(".quiz-feedback").scroll_into_view_if_needed()
     lab.screenshot("demo-quiz-wrong")
