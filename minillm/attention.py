@@ -35,8 +35,9 @@ class TorchBackend:
     def dense(self, q, k, v, causal=True, key_padding_mask=None, sm_scale=None):
         T, S = q.shape[2], k.shape[2]
         gqa = q.shape[1] != k.shape[1]
+        causal = causal and T > 1  # one query (a decode step) sees every key anyway
         if key_padding_mask is None and (not causal or T == S):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal and T > 1,
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                                   scale=sm_scale, enable_gqa=gqa)
         mask = _bottom_right_causal_mask(T, S, q.device) if causal else None
         if key_padding_mask is not None:
