@@ -108,6 +108,18 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 }
 
 
+def display_name(name: str, num_params: float | None = None) -> str:
+    """A preset's short name when ``num_params`` matches it (within 1%), else ``name``.
+
+    The GGUF file names SmolLM2 "Smollm2 135M 8k Lc100K Mix1 Ep2"; figures say "SmolLM2-135M".
+    """
+    if num_params:
+        for key, spec in MODEL_PRESETS.items():
+            if abs(spec.num_params - num_params) <= 0.01 * spec.num_params:
+                return key
+    return name
+
+
 def model_spec(model) -> ModelSpec:
     """A preset name, a ``ModelSpec`` or a ``ModelConfig`` -> ``ModelSpec``."""
     if isinstance(model, ModelSpec):
@@ -188,6 +200,14 @@ def resolve_limits(hw, dtype: str, profile=None) -> Limits:
                              "profile=minillm.perf.measure_machine().")
         return machine_limits(profile, dtype)
     return gpu_limits(hw, dtype)
+
+
+def measured_footnote(profile) -> str:
+    """Where and when this machine's numbers were measured, for a figure's footer."""
+    when = str(profile.measured_at)[:16].replace("T", " ")
+    return (f"Measured on {profile.device_name}, {profile.num_threads} threads, torch "
+            f"{profile.torch_version}, {when} UTC. Medians; on a shared machine they vary "
+            f"from run to run.")
 
 
 # --------------------------------------------------------------------------- figures

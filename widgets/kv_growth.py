@@ -15,7 +15,6 @@ Pure function: ``kv_growth_data``; figure: ``draw_kv_growth``; view: ``KVGrowthV
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
@@ -191,8 +190,9 @@ def draw_kv_growth(data: KVGrowthData, fig=None):
 
     names = list(data.variants)
     counts = [data.variants[n].max_concurrent for n in names]
-    bars = ax2.bar(names, counts, color=[_VARIANT_COLORS[n] for n in names],
-                   alpha=[1.0 if n == data.selected else 0.45 for n in names])
+    bars = ax2.bar(names, counts, color=[_VARIANT_COLORS[n] for n in names])
+    for bar, n in zip(bars, names):
+        bar.set_alpha(1.0 if n == data.selected else 0.45)
     for bar, n in zip(bars, counts):
         ax2.annotate(f"{n:,}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                      xytext=(0, 3), textcoords="offset points", ha="center", fontsize=9)

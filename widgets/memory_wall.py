@@ -26,8 +26,9 @@ import numpy as np
 
 from minillm import calc, hardware
 
-from ._common import (COLORS, MODEL_PRESETS, THIS_MACHINE, FigureView, dtype_bytes, fmt_bandwidth,
-                      fmt_bytes, fmt_flops, fmt_params, fmt_time, model_spec, new_figure, resolve_limits)
+from ._common import (COLORS, MODEL_PRESETS, THIS_MACHINE, FigureView, display_name, dtype_bytes,
+                      fmt_bandwidth, fmt_bytes, fmt_flops, fmt_params, fmt_time, measured_footnote,
+                      model_spec, new_figure, resolve_limits)
 
 __all__ = ["MemoryWallData", "memory_wall_data", "draw_memory_wall", "MemoryWallView", "view",
            "BATCH_SIZES", "DTYPES"]
@@ -65,6 +66,7 @@ class MemoryWallData:
     measured_label: str
     title: str
     summary: list = dataclasses.field(default_factory=list)
+    footnote: str = ""
 
 
 def memory_wall_data(model="SmolLM2-135M", dtype: str = "fp32", context_len: int = 128,
@@ -99,7 +101,7 @@ def memory_wall_data(model="SmolLM2-135M", dtype: str = "fp32", context_len: int
             else w_bytes + batches * kv_seq <= lim.memory_bytes)
 
     mb, ms, mlabel = np.array([], int), np.array([]), ""
-    notes = []
+    notes, same = [], False
     decodes = sorted((op for op in (measured or []) if op.kind == "decode"), key=lambda o: o.batch)
     if decodes and hardware_name == THIS_MACHINE:
         d0 = decodes[0].details
@@ -107,10 +109,11 @@ def memory_wall_data(model="SmolLM2-135M", dtype: str = "fp32", context_len: int
         ms = np.array([op.seconds for op in decodes])
         mdtype = _SAME.get(decodes[0].dtype, decodes[0].dtype)
         mctx = d0.get("context_len", "?")
-        mname = d0.get("model", "minillm")
+        mname = display_name(d0.get("model", "minillm"), d0.get("num_params"))
         mlabel = f"measured minillm step ({mname}, {mdtype}, context {mctx})"
         mparams = d0.get("num_params")
-        if (mparams and abs(mparams - n) > 0.02 * n) or mdtype != dtype or mctx != ctx:
+        same = not ((mparams and abs(mparams - n) > 0.02 * n) or mdtype != dtype or mctx != ctx)
+        if not same:
             notes.append(f"The measured points are {mname} in {mdtype} at context {mctx}; "
                          f"the bars are for the settings chosen above.")
 
@@ -133,7 +136,7 @@ def memory_wall_data(model="SmolLM2-135M", dtype: str = "fp32", context_len: int
         if not fits[i]:
             line += f" Does not fit: needs {fmt_bytes(w_bytes + highlight_batch * kv_seq)} of {fmt_bytes(lim.memory_bytes)}."
         j = np.nonzero(mb == highlight_batch)[0]
-        if j.size:
+        if j.size and same:
             line += (f" Measured here: {fmt_time(ms[j[0]])} per step "
                      f"({step[i] / ms[j[0]] * 100:.0f}% of the roofline speed).")
         summary.append(line)
@@ -144,7 +147,8 @@ def memory_wall_data(model="SmolLM2-135M", dtype: str = "fp32", context_len: int
     return MemoryWallData(batches, weight_t, kv_t, compute_t, memory_t, step, step / batches,
                           batches / step, fits, w_bytes, kv_seq, lim.bandwidth, lim.peak_flops,
                           lim.memory_bytes, lim.label, spec.name, n, dtype, ctx, highlight_batch,
-                          mb, ms, mlabel, title, summary)
+                          mb, ms, mlabel, title, summary,
+                          measured_footnote(profile) if lim.measured else "")
 
 
 def draw_memory_wall(data: MemoryWallData, fig=None):
@@ -165,8 +169,9 @@ def draw_memory_wall(data: MemoryWallData, fig=None):
         ax.bar(x[i] + 0.2, data.compute_time_s[i] * ms, 0.4, color=COLORS["compute"],
                alpha=alpha[i], hatch=hatch, label="compute (2·N·B FLOPs)" if i == 0 else None)
         if not data.fits[i]:
-            ax.text(x[i], data.step_time_s[i] * ms, "OOM", ha="center", va="bottom", fontsize=8,
-                    color=COLORS["bound"])
+            ax.annotate("OOM", (x[i], data.step_time_s[i] * ms), xytext=(0, 4),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=8,
+                        color=COLORS["bound"])
     ax.plot(x, data.step_time_s * ms, "_", ms=22, mew=2.5, color=COLORS["bound"],
             label="roofline step = max(memory, compute)")
     if data.measured_batches.size:
@@ -176,11 +181,13 @@ def draw_memory_wall(data: MemoryWallData, fig=None):
                 ms=5, lw=1, label=data.measured_label)
         ax2.plot(np.array(idx), data.measured_step_s[keep] / data.measured_batches[keep] * ms, "D-",
                  color=COLORS["measured"], ms=5, lw=1, label="measured (this machine)")
+    top = max(data.step_time_s.max(), data.measured_step_s.max() if data.measured_step_s.size else 0)
+    ax.set_ylim(0, top * ms * 1.45)  # headroom for the legend
     ax.set_xticks(x, [str(v) for v in b])
     ax.set_xlabel("batch size (sequences decoded together)")
     ax.set_ylabel("time per decode step (ms)")
     ax.set_title("One decode step", fontsize=10)
-    ax.legend(fontsize=7.5, loc="upper left")
+    ax.legend(fontsize=7.5, loc="upper left", ncol=2)
     ax.grid(True, axis="y", alpha=0.3)
 
     ax2.plot(x, data.weight_time_s / b * ms, "o-", color=COLORS["weights"], label="weight reads ÷ B")
@@ -200,6 +207,8 @@ def draw_memory_wall(data: MemoryWallData, fig=None):
         for a in (ax, ax2):
             a.axvspan(i - 0.5, i + 0.5, color="#FFD54F", alpha=0.25, zorder=0)
     fig.suptitle(data.title, fontsize=11)
+    if data.footnote:
+        fig.supxlabel(data.footnote, fontsize=7.5, color="#666666")
     return fig
 
 

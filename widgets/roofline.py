@@ -24,8 +24,8 @@ import numpy as np
 
 from minillm import calc, hardware
 
-from ._common import (COLORS, FigureView, Limits, fmt_bandwidth, fmt_flops, gpu_limits,
-                      machine_limits, new_figure)
+from ._common import (COLORS, FigureView, Limits, display_name, fmt_bandwidth, fmt_flops,
+                      gpu_limits, machine_limits, measured_footnote, new_figure)
 
 __all__ = ["Roof", "RooflinePoint", "RooflineData", "attainable_flops", "decode_crossover_batch",
            "roofline_data", "draw_roofline", "RooflineView", "view", "NO_GPU"]
@@ -78,6 +78,7 @@ class RooflineData:
     xlabel: str = "arithmetic intensity (FLOPs / byte moved)"
     ylabel: str = "FLOP/s"
     summary: list = dataclasses.field(default_factory=list)
+    footnote: str = ""
 
 
 def attainable_flops(intensity, peak_flops: float, bandwidth: float):
@@ -183,7 +184,8 @@ def roofline_data(profile, measurements: Sequence, hardware_name: str | None = N
                f"{fmt_flops(mlim.peak_flops)} {dtype} matmul, measured; ridge point "
                f"{machine.ridge:.3g} FLOP/byte."]
     if crossover is not None:
-        model = decodes[0].details.get("model", "the model")
+        model = display_name(decodes[0].details.get("model", "the model"),
+                             decodes[0].details.get("num_params"))
         ctx = decodes[0].details.get("context_len")
         where = ("never: the KV cache alone keeps decode below the ridge" if crossover == math.inf
                  else f"at batch ≈ {crossover:.3g}")
@@ -202,17 +204,22 @@ def roofline_data(profile, measurements: Sequence, hardware_name: str | None = N
                        + ". Hollow markers: the same operations on its roof (predicted, not measured).")
         if gpu.note:
             summary.append(f"Note: {gpu.note}.")
+    above = [p.name for p in points if p.fraction > 1.1]
+    if above:
+        summary.append(f"Above the measured roof: {', '.join(above)}. Either the ceiling was "
+                       f"measured while the machine was busy, or the operands fit in cache "
+                       f"(faster than main memory): measure again to tell which.")
     if mlim.note:
         summary.append(f"Note: {mlim.note}.")
     title = f"Roofline of {mlim.label}" + (f" vs {gpu.label} ({gpu_dtype})" if gpu else "")
     return RooflineData(machine, points, gpu, predicted, highlight, crossover, gpu_cross,
                         dtype, gpu_dtype if gpu else None, (lo, hi), ylim, title,
-                        summary=summary)
+                        summary=summary, footnote=measured_footnote(profile))
 
 
 def draw_roofline(data: RooflineData, fig=None):
     """Log-log roofline figure of ``data``; returns the matplotlib Figure."""
-    fig = fig or new_figure(10, 5.6)
+    fig = fig or new_figure(10, 6.4)
     ax = fig.add_subplot()
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -234,6 +241,8 @@ def draw_roofline(data: RooflineData, fig=None):
         ax.axvline(g.ridge, color=COLORS["gpu"], ls=":", lw=1)
         ax.annotate(f"ridge {g.ridge:.3g}", (g.ridge, g.peak_flops), xytext=(4, 6),
                     textcoords="offset points", color=COLORS["gpu"], fontsize=9)
+        ax.scatter([], [], marker="o", facecolors="none", edgecolors="#555555",
+                   label=f"hollow: the same ops on {g.label}'s roof (predicted)")
         for p in data.predicted:
             ax.scatter(p.intensity, p.flops_per_s, marker=_MARKERS.get(p.kind, "o"),
                        facecolors="none", edgecolors=_KIND_COLORS.get(p.kind, "k"), s=40, zorder=3)
@@ -246,7 +255,7 @@ def draw_roofline(data: RooflineData, fig=None):
             ax.annotate(f"B={p.batch}", (p.intensity, p.flops_per_s), xytext=(-6, 7),
                         textcoords="offset points", fontsize=8, ha="right",
                         color=_KIND_COLORS["decode"])
-    seen = set()
+    seen, placed = set(), {}
     for p in data.points:
         label = None if p.kind in seen else {
             "decode": "decode step (whole model)", "prefill": "prefill (whole model)",
@@ -255,12 +264,13 @@ def draw_roofline(data: RooflineData, fig=None):
         seen.add(p.kind)
         ax.scatter(p.intensity, p.flops_per_s, marker=_MARKERS.get(p.kind, "o"),
                    color=_KIND_COLORS.get(p.kind, "k"), s=45, zorder=4, label=label)
-        if p.kind != "decode":
-            ax.annotate(p.name, (p.intensity, p.flops_per_s), xytext=(6, -10),
+        if p.kind != "decode":  # same-kind labels stack downwards so they do not collide
+            k = placed[p.kind] = placed.get(p.kind, -1) + 1
+            ax.annotate(p.name, (p.intensity, p.flops_per_s), xytext=(7, -11 - 10 * k),
                         textcoords="offset points", fontsize=7.5, color="#333333")
     if data.decode_crossover not in (None, math.inf):
         ax.annotate(f"decode turns compute-bound\nat batch ≈ {data.decode_crossover:.3g}",
-                    (m.ridge, m.peak_flops), xytext=(m.ridge * 2.2, m.peak_flops / 12),
+                    (m.ridge, m.peak_flops), xytext=(m.ridge * 1.6, m.peak_flops * 4),
                     fontsize=8.5, arrowprops=dict(arrowstyle="->", color="#444444"),
                     color="#222222")
     h = data.highlight
@@ -276,9 +286,11 @@ def draw_roofline(data: RooflineData, fig=None):
     ax.set_ylim(*data.ylim)
     ax.set_xlabel(data.xlabel)
     ax.set_ylabel("attainable / achieved FLOP/s (log scale)")
-    ax.set_title(data.title, fontsize=11)
+    fig.suptitle(data.title, fontsize=11)
+    if data.footnote:
+        ax.set_title(data.footnote, fontsize=7.5, color="#666666")
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=8)
     return fig
 
 
