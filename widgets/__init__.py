@@ -21,7 +21,8 @@ Lab 01 (measure once, plot many)::
     widgets.memory_wall.view(profile, measured=ops)
     widgets.kv_growth.view(model="Llama-2-70B", seq_len=4096)
 """
-from . import attention_variants, kv_growth, memory_wall, roofline
+from . import attention_variants, batching, block_pool_grid, kv_growth, memory_wall, roofline
 from ._common import MODEL_PRESETS, THIS_MACHINE, ModelSpec
 
-__all__ = ["roofline", "memory_wall", "kv_growth", "attention_variants", "MODEL_PRESETS", "THIS_MACHINE", "ModelSpec"]
+__all__ = ["roofline", "memory_wall", "kv_growth", "attention_variants", "batching",
+           "block_pool_grid", "MODEL_PRESETS", "THIS_MACHINE", "ModelSpec"]
