@@ -7,7 +7,8 @@ decodes (query_len == 1) FIRST, into tensors shared by every layer:
 - `slot_mapping [N]`: the cache slot of each new token,
   slot = block_table[pos // block_size] * block_size + pos % block_size;
 - for the decodes: block tables / context lengths (for `backend.paged_decode`), plus the
-  same information as a padded slot index [Bd, Lmax] and key mask (the torch fast path);
+  same information as padded slot indices [n, Lmax] and key masks (the torch fast path),
+  one per group of decodes with similar context lengths;
 - for the prefill chunks: cu_seqlens of queries and of keys (each chunk attends to its
   cached prefix and itself: context = start + query_len) and the slots of those keys.
 
@@ -17,8 +18,12 @@ attends, then computes decode rows and prefill rows and returns [1, N, Hq, D].
 
 Why a torch fast path for decode: `TorchBackend.paged_decode` is the per-sequence reference
 loop; at 64 sequences x 30 layers its Python overhead dominates a CPU step. The fast path
-gathers every decode's K/V with one index op into [Bd, Lmax, Hkv, D] and calls SDPA once
-with a key mask. It is exact (same math), and tested against the reference.
+gathers the decodes' K/V with one index op into [n, Lmax, Hkv, D] and calls SDPA once with
+a key mask. It is exact (same math), and tested against the reference. The gather is pure
+memory traffic, and padding every row to the longest context would gather up to 2x the
+real K/V when lengths vary (16..512 in the benchmark). So decodes are grouped: the runner
+sorts them by context length, and a group is cut when the next length exceeds 1.5x its
+first one (groups keep at least DECODE_GROUP_MIN rows, to bound the number of calls).
 """
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from .kv_cache import PagedKVCache, block_table_tensor
+
+DECODE_GROUP_MIN, DECODE_GROUP_RATIO = 8, 1.5
 
 
 def _slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -42,8 +49,8 @@ class PagedAttentionMetadata:
     num_decode_tokens: int              # rows 0 .. num_decode_tokens-1 are decodes
     decode_block_tables: torch.Tensor   # [Bd, max_blocks] int32
     decode_context_lens: torch.Tensor   # [Bd] int32
-    decode_slots: torch.Tensor          # [Bd, Lmax] long (padding points at slot 0)
-    decode_key_mask: torch.Tensor       # [Bd, 1, 1, Lmax] bool, True = a real key
+    # (first row, end row, slots [n, Lmax] long (padding -> slot 0), key mask [n,1,1,Lmax])
+    decode_groups: list[tuple[int, int, torch.Tensor, torch.Tensor]]
     cu_seqlens_q: torch.Tensor          # [Bp + 1] int32, over the prefill rows only
     cu_seqlens_k: torch.Tensor          # [Bp + 1] int32
     max_seqlen_q: int
@@ -70,13 +77,20 @@ class PagedAttentionMetadata:
         slot_mapping = _slots(tables[row], (starts[row] + offset)[:, None], block_size)[:, 0]
 
         # Decodes: the key at position p < context_len sits in slot _slots(table, p).
-        d_ctx = starts[:nd] + 1
-        lmax = int(d_ctx.max()) if nd else 1
-        pos = torch.arange(lmax, device=device).expand(nd, lmax)
-        d_tables = tables[:nd]
-        d_slots = _slots(d_tables, pos.clamp(max=d_tables.shape[1] * block_size - 1), block_size)
-        key_mask = pos < d_ctx[:, None]
-        d_slots = d_slots.masked_fill(~key_mask, 0)
+        d_ctx, d_tables = starts[:nd] + 1, tables[:nd]
+        ctx_list, groups, i = [s + 1 for _, s, _ in seqs[:nd]], [], 0
+        while i < nd:
+            j = i + 1
+            while j < nd and (j - i < DECODE_GROUP_MIN
+                              or ctx_list[j] <= DECODE_GROUP_RATIO * ctx_list[i]):
+                j += 1
+            lmax = max(ctx_list[i:j])
+            pos = torch.arange(lmax, device=device).expand(j - i, lmax)
+            slots = _slots(d_tables[i:j], pos.clamp(max=d_tables.shape[1] * block_size - 1),
+                           block_size)
+            key_mask = pos < d_ctx[i:j, None]
+            groups.append((i, j, slots.masked_fill(~key_mask, 0), key_mask[:, None, None, :]))
+            i = j
 
         # Prefill chunks: keys are positions 0 .. start + query_len - 1 of each sequence.
         p_ctx = (starts + qlens)[nd:]
@@ -85,8 +99,7 @@ class PagedAttentionMetadata:
             torch.repeat_interleave(torch.cumsum(p_ctx, 0) - p_ctx, p_ctx)
         key_slots = _slots(tables[p_row], p_pos[:, None], block_size)[:, 0]
         zero = torch.zeros(1, dtype=torch.int32, device=device)
-        return cls(slot_mapping, nd, d_tables.int(), d_ctx.int(), d_slots,
-                   key_mask[:, None, None, :],
+        return cls(slot_mapping, nd, d_tables.int(), d_ctx.int(), groups,
                    torch.cat([zero, torch.cumsum(qlens[nd:], 0).int()]),
                    torch.cat([zero, torch.cumsum(p_ctx, 0).int()]),
                    max(lens[nd:], default=0), int(p_ctx.max()) if len(p_ctx) else 0,
@@ -129,8 +142,8 @@ class PagedAttentionContext:
         parts = []
         if nd:
             if self.fast_torch_decode:
-                parts.append(decode_attention_gathered(q[:nd], k_cache, v_cache,
-                                                       m.decode_slots, m.decode_key_mask))
+                parts += [decode_attention_gathered(q[i:j], k_cache, v_cache, slots, mask)
+                          for i, j, slots, mask in m.decode_groups]
             else:
                 parts.append(self.backend.paged_decode(q[:nd], k_cache, v_cache,
                                                        m.decode_block_tables,

@@ -1,0 +1,247 @@
+"""Serving throughput: minillm's engine (continuous batching, paged KV) against its own
+static batching and against Hugging Face `transformers`, all in one run on SmolLM2-135M.
+
+Offline throughput: every request of benchmarks/workload.json (64 requests, prompts and
+outputs uniform in 16..256 tokens, greedy, EOS ignored) arrives at t = 0; output tok/s =
+output tokens / wall time. Rows:
+  engine continuous     LLMEngine, max_num_seqs 64, max_num_batched_tokens 512
+  engine continuous-16  the same with max_num_seqs 16 (same batch size as the static rows)
+  engine static-16      LLMEngine(scheduling="static"): batches of 16, each run to its end
+  HF one-at-a-time      model.generate per request (--hf-sample K: K requests, evenly spread,
+                        and their tok/s extrapolated to the workload: stated in the output)
+  HF static-16          left-padded batches of 16, min_new_tokens = max_new_tokens = the
+                        batch's longest output; only each request's own tokens are counted
+Also: (a) KV memory waste, sampled every step of the continuous run: paged (blocks held vs
+tokens stored) against contiguous reservation (prompt + max_tokens, or max_model_len per
+request); (b) prefix caching: TTFT of requests sharing a 512-token system prompt, sent one
+at a time, with caching on and off. The ceiling is the workload's matmul FLOPs at this
+machine's measured matmul FLOP/s (attention FLOPs left out).
+
+    python benchmarks/serving.py [--quick] [--hf-sample K] [--hf-static-batches B]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF conversion progress bar
+
+import minillm  # noqa: E402
+from minillm.engine import LLMEngine, SamplingParams  # noqa: E402
+from minillm.perf import measure_matmul_flops  # noqa: E402
+from workload import PATH as WORKLOAD_PATH, make_workload  # noqa: E402
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else None
+
+
+def run_engine(model, reqs, memory_log=None, **kw):
+    engine = LLMEngine(model, **kw)
+    for i, r in enumerate(reqs):
+        engine.add_request(str(i), r["prompt_ids"],
+                           SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True))
+    n, t0 = 0, time.perf_counter()
+    while engine.has_unfinished_requests():
+        n += sum(len(o.new_token_ids) for o in engine.step())
+        if memory_log is not None:
+            running = engine.scheduler.running
+            memory_log.append((engine.stats()["num_used_blocks"],
+                               sum(r.num_computed_tokens for r in running),
+                               sum(r.num_prompt_tokens + r.params.max_tokens for r in running),
+                               len(running)))
+    wall = time.perf_counter() - t0
+    ms = list(engine.finished_metrics.values())
+    itl = [x for m in ms for x in m.itl]
+    s = engine.stats()
+    return {"output_tokens": n, "wall_s": wall, "tok_s": n / wall,
+            "ttft_p50_s": pct([m.ttft for m in ms], 50), "ttft_p95_s": pct([m.ttft for m in ms], 95),
+            "itl_p50_s": pct(itl, 50), "itl_p95_s": pct(itl, 95), "steps": s["num_steps"],
+            "mean_tokens_per_step": s["mean_tokens_per_step"],
+            "preemptions": s["num_preemptions"], "num_blocks": s["num_blocks"]}
+
+
+@torch.inference_mode()
+def run_hf_one(hf, reqs, k):
+    idx = sorted({round(i * len(reqs) / k) for i in range(k)})
+    n, wall = 0, 0.0
+    for i in idx:
+        r = reqs[i]
+        x = torch.tensor([r["prompt_ids"]])
+        t0 = time.perf_counter()
+        out = hf.generate(x, max_new_tokens=r["max_tokens"], min_new_tokens=r["max_tokens"],
+                          do_sample=False, pad_token_id=2)
+        wall += time.perf_counter() - t0
+        assert out.shape[1] == x.shape[1] + r["max_tokens"]
+        n += r["max_tokens"]
+    return {"tok_s": n / wall, "measured_requests": len(idx), "measured_tokens": n,
+            "measured_wall_s": wall, "extrapolated": len(idx) < len(reqs)}
+
+
+@torch.inference_mode()
+def run_hf_static(hf, reqs, batch_size, max_batches):
+    n, wall, batches = 0, 0.0, 0
+    for b in range(0, len(reqs), batch_size):
+        if max_batches is not None and batches >= max_batches:
+            break
+        group = reqs[b:b + batch_size]
+        P, steps = max(len(r["prompt_ids"]) for r in group), max(r["max_tokens"] for r in group)
+        ids = torch.full((len(group), P), 2, dtype=torch.long)
+        mask = torch.zeros((len(group), P), dtype=torch.long)
+        for i, r in enumerate(group):
+            ids[i, P - len(r["prompt_ids"]):] = torch.tensor(r["prompt_ids"])
+            mask[i, P - len(r["prompt_ids"]):] = 1
+        t0 = time.perf_counter()
+        hf.generate(ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps,
+                    do_sample=False, pad_token_id=2)
+        wall += time.perf_counter() - t0
+        n += sum(r["max_tokens"] for r in group)  # useful tokens only
+        batches += 1
+    return {"tok_s": n / wall, "measured_batches": batches, "measured_tokens": n,
+            "measured_wall_s": wall, "extrapolated": batches * batch_size < len(reqs)}
+
+
+def prefix_ttft(model, num_requests, caching, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    system = torch.randint(3, model.config.vocab_size, (512,), generator=g).tolist()
+    engine = LLMEngine(model, enable_prefix_caching=caching, max_num_batched_tokens=1024,
+                       kv_cache_memory_bytes=256 << 20)
+    ttfts = []
+    for i in range(num_requests):  # one at a time: TTFT is the prefill, not queueing
+        n_own = int(torch.randint(16, 65, (1,), generator=g))
+        own = torch.randint(3, model.config.vocab_size, (n_own,), generator=g).tolist()
+        engine.add_request(str(i), system + own, SamplingParams(max_tokens=2, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            engine.step()
+        ttfts.append(engine.finished_metrics[(str(i), 0)].ttft)
+    warm = ttfts[1:]  # the first request fills the cache (when caching is on)
+    return {"mean_ttft_s": statistics.mean(warm), "first_request_ttft_s": ttfts[0],
+            "hit_rate": engine.prefix_cache_hit_rate()}
+
+
+def memory_waste(log, block_size, max_model_len):
+    used = sum(b * block_size for b, _, _, _ in log)
+    stored = sum(t for _, t, _, _ in log)
+    reserved_exact = sum(r for _, _, r, _ in log)
+    reserved_max = sum(n * max_model_len for _, _, _, n in log)
+    return {"paged_waste": 1 - stored / used,
+            "contiguous_prompt_plus_max_tokens_waste": 1 - stored / reserved_exact,
+            f"contiguous_max_model_len_{max_model_len}_waste": 1 - stored / reserved_max,
+            "note": "time-averaged over the continuous run's steps; waste = 1 - KV tokens "
+                    "stored / KV token slots reserved. Paged waste includes the slots of "
+                    "prompts admitted but not yet prefilled (whole prompts are reserved)."}
+
+
+def load_hf():
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+    from minillm.gguf_loader import find_model_path
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    path = find_model_path()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                    dtype=torch.float32).eval()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="16 requests, prompts 16..128, outputs 16..64: an end-to-end check")
+    ap.add_argument("--hf-sample", type=int, default=None,
+                    help="run HF one-at-a-time on K evenly spread requests and extrapolate")
+    ap.add_argument("--hf-static-batches", type=int, default=None,
+                    help="run only the first B HF static batches and extrapolate")
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "serving.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    wl = (make_workload(16, (16, 128), (16, 64)) if args.quick
+          else json.loads(WORKLOAD_PATH.read_text()))
+    reqs = wl["requests"]
+    model, _ = minillm.load_model()
+    hf = load_hf()
+    minillm.generate(model, reqs[0]["prompt_ids"][:8], 2)  # warm-up
+    hf.generate(torch.tensor([reqs[0]["prompt_ids"][:8]]), max_new_tokens=2, pad_token_id=2)
+    flops = measure_matmul_flops()
+
+    res, mem_log = {}, []
+    k = args.hf_sample or len(reqs)
+    systems = {
+        "engine continuous": lambda: run_engine(model, reqs, mem_log, max_num_seqs=64),
+        "engine continuous-16": lambda: run_engine(model, reqs, max_num_seqs=16),
+        "engine static-16": lambda: run_engine(model, reqs, max_num_seqs=16,
+                                               scheduling="static"),
+        "HF one-at-a-time": lambda: run_hf_one(hf, reqs, k),
+        "HF static-16": lambda: run_hf_static(hf, reqs, 16, args.hf_static_batches)}
+    for name, run in systems.items():
+        print(f"{name} ...", end=" ", flush=True)
+        res[name] = run()
+        print(f"{res[name]['tok_s']:.1f} tok/s", flush=True)
+
+    cfg = model.config
+    body = cfg.num_params(include_embedding=False)
+    total_flops = (2 * body * (wl["num_prompt_tokens"] + wl["num_output_tokens"])
+                   + 2 * cfg.vocab_size * cfg.hidden_size * wl["num_output_tokens"])
+    ceiling = flops / (total_flops / wl["num_output_tokens"])
+    base = res["engine continuous"]["tok_s"]
+    ratios = {f"engine / {name}": base / r["tok_s"] for name, r in res.items()
+              if name != "engine continuous"}
+    memory = memory_waste(mem_log, 16, 2048)
+    n_prefix = 4 if args.quick else 8
+    print("prefix caching TTFT ...", flush=True)
+    prefix = {"shared_system_prompt_tokens": 512, "requests": n_prefix,
+              "on": prefix_ttft(model, n_prefix, True), "off": prefix_ttft(model, n_prefix, False)}
+    prefix["ttft_speedup"] = prefix["off"]["mean_ttft_s"] / prefix["on"]["mean_ttft_s"]
+
+    print(f"\nworkload: {wl['description']}\n{wl['num_output_tokens']} output tokens; "
+          f"matmul {flops / 1e9:.0f} GFLOP/s -> ceiling {ceiling:.0f} output tok/s; load "
+          f"average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after (on "
+          f"{os.cpu_count()} cores: above that, other work shared the CPU)\n")
+    print(f"{'system':22s}{'tok/s':>9s}{'of ceiling':>12s}{'engine is':>11s}  notes")
+    for name, r in res.items():
+        note = ""
+        if "measured_requests" in r and r["extrapolated"]:
+            note = f"extrapolated from {r['measured_requests']} requests"
+        elif "measured_batches" in r and r["extrapolated"]:
+            note = f"extrapolated from {r['measured_batches']} batches"
+        elif "ttft_p50_s" in r:
+            note = (f"TTFT p50 {r['ttft_p50_s']:.1f}s, ITL p50 {r['itl_p50_s'] * 1e3:.0f}ms, "
+                    f"{r['mean_tokens_per_step']:.0f} tok/step")
+        ratio = "" if name == "engine continuous" else f"{ratios['engine / ' + name]:.2f}x"
+        print(f"{name:22s}{r['tok_s']:9.1f}{r['tok_s'] / ceiling:12.0%}{ratio:>11s}  {note}")
+    print(f"\nKV waste: paged {memory['paged_waste']:.1%}, contiguous (prompt+max_tokens) "
+          f"{memory['contiguous_prompt_plus_max_tokens_waste']:.1%}, contiguous (2048 per "
+          f"request) {memory['contiguous_max_model_len_2048_waste']:.1%}")
+    print(f"prefix caching, 512-token shared prompt: TTFT {prefix['on']['mean_ttft_s']:.2f}s on "
+          f"vs {prefix['off']['mean_ttft_s']:.2f}s off ({prefix['ttft_speedup']:.1f}x), hit rate "
+          f"{prefix['on']['hit_rate']:.0%}")
+    result = {"benchmark": "serving", "date": time.strftime("%Y-%m-%d %H:%M"),
+              "machine": {"cpu_count": os.cpu_count(), "threads": args.threads,
+                          "torch": torch.__version__, "matmul_GFLOPs": flops / 1e9,
+                          "load_average_before_after": [load_before, os.getloadavg()]},
+              "workload": {k: v for k, v in wl.items() if k != "requests"},
+              "quick": args.quick, "ceiling_tok_s": ceiling, "results": res, "ratios": ratios,
+              "goals": {"engine / HF one-at-a-time": 14, "engine / HF static-16": 3},
+              "memory": memory, "prefix_caching": prefix}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The serving benchmark's workload: 64 requests, written to benchmarks/workload.json.
+
+Seeded (numpy default_rng(0)): prompt lengths uniform in [16, 256], then output lengths
+uniform in [16, 256], then the prompt tokens. Prompts are random token ids drawn uniformly
+from the real vocabulary of SmolLM2 (ids 3 .. 49151, skipping the special tokens 0-2):
+the model's speed does not depend on what the tokens mean, and every prompt is distinct,
+so no prefix cache can flatter the throughput numbers. Decoding is greedy and ignores EOS,
+so each request generates exactly its output length.
+
+    python benchmarks/workload.py            # writes benchmarks/workload.json
+    python benchmarks/workload.py --check    # fails if the file differs from the generator
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+PATH = Path(__file__).with_name("workload.json")
+VOCAB_SIZE, FIRST_ID = 49152, 3
+
+
+def make_workload(num_requests: int = 64, prompt_range=(16, 256), output_range=(16, 256),
+                  seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    prompt_lens = rng.integers(prompt_range[0], prompt_range[1] + 1, num_requests)
+    output_lens = rng.integers(output_range[0], output_range[1] + 1, num_requests)
+    requests = [{"prompt_ids": rng.integers(FIRST_ID, VOCAB_SIZE, int(p)).tolist(),
+                 "max_tokens": int(o)} for p, o in zip(prompt_lens, output_lens)]
+    return {
+        "description": (f"{num_requests} requests, prompts uniform in {list(prompt_range)} "
+                        f"random token ids from [{FIRST_ID}, {VOCAB_SIZE}), outputs uniform "
+                        f"in {list(output_range)}, greedy, ignore EOS; numpy default_rng"
+                        f"({seed})"),
+        "seed": seed,
+        "num_prompt_tokens": int(prompt_lens.sum()),
+        "num_output_tokens": int(output_lens.sum()),
+        "requests": requests,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="verify workload.json, write nothing")
+    args = ap.parse_args(argv)
+    wl = make_workload()
+    if args.check:
+        ok = PATH.exists() and json.loads(PATH.read_text()) == wl
+        print(f"{PATH.name}: {'up to date' if ok else 'DIFFERS from make_workload(); rerun'}")
+        return 0 if ok else 1
+    PATH.write_text(json.dumps(wl, separators=(",", ":")) + "\n")
+    print(f"wrote {PATH}: {wl['description']}; {wl['num_prompt_tokens']} prompt and "
+          f"{wl['num_output_tokens']} output tokens")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+"""The serving engine (Labs 04-05): continuous batching over a paged KV cache.
+
+    request.py       SamplingParams, Request (num_computed_tokens), RequestOutput, metrics
+    scheduler.py     who runs each step, under a token budget; chunked prefill; preemption
+    model_runner.py  one flattened forward pass per step; per-request sampling
+    llm_engine.py    LLMEngine: add_request / step / abort_request / generate / stats
+
+The attention context the runner plugs into the model is `minillm.paged.context`.
+"""
+from .llm_engine import LLMEngine
+from .request import RequestMetrics, RequestOutput, RequestStatus, SamplingParams
+from .scheduler import Scheduler, SchedulerOutput
+
+__all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "RequestMetrics", "RequestStatus",
+           "Scheduler", "SchedulerOutput"]

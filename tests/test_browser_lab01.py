@@ -1,0 +1,77 @@
+"""Lab 01 in a real JupyterLab (headless Chromium): run every cell of the solution notebook,
+move the roofline's batch slider and see the plot redrawn, and answer a quiz question right,
+then wrong. Screenshots go to test-artifacts/; the roofline widget's own picture also goes
+to docs/lab01-roofline.png (the README shows it).
+
+Skips without chromium (fails when CI is set): bash .ci/install-browser.sh
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from browser_utils import REPO, _chromium, jupyter_lab, lab  # noqa: F401  (fixtures)
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
+
+LAB01 = "solutions/01-roofline.ipynb"
+DOCS_PICTURE = REPO / "docs" / "lab01-roofline.png"
+
+
+def _plot_src(page) -> str:
+    return page.locator(".minillm-roofline-plot img").first.get_attribute("src") or ""
+
+
+def test_lab01_runs_its_roofline_reacts_and_its_quiz_gives_feedback(lab):
+    from playwright.sync_api import expect
+
+    lab.open(LAB01)
+    lab.run_all(timeout=600)
+    assert lab.errors() == []
+    page = lab.page
+    text = page.locator(".jp-Notebook").inner_text()
+    for name in ("decode_ceiling", "matvec_intensity", "matmul_intensity", "ridge_point"):
+        assert f"✓ {name}: matches the reference on 4 random cases" in text
+
+    # the roofline widget: rendered with this machine's measurements ...
+    roof = page.locator(".minillm-roofline").first
+    roof.scroll_into_view_if_needed()
+    expect(page.locator(".minillm-roofline-plot img").first).to_be_visible()
+    summary = page.locator(".minillm-roofline-summary").first
+    assert "stops being bandwidth-bound" in summary.inner_text()
+    assert "decode B=1" in summary.inner_text()
+    lab.screenshot("lab01-roofline")
+    DOCS_PICTURE.parent.mkdir(exist_ok=True)
+    roof.screenshot(path=str(DOCS_PICTURE))
+
+    # ... and redrawn when the batch slider moves (arrow keys on its handle, as a user would)
+    before = _plot_src(page)
+    handle = page.locator(".minillm-roofline-batch .noUi-handle").first
+    handle.click()
+    handle.press("ArrowRight")
+    deadline = time.monotonic() + 60
+    while _plot_src(page) == before and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert _plot_src(page) != before, "the roofline plot did not change after moving the batch slider"
+    expect(summary).to_contain_text("decode B=2")
+    lab.screenshot("lab01-roofline-batch2")
+
+    # the quiz: right, then wrong
+    q1 = page.locator(".quiz-q-lab01-q1")
+    q1.scroll_into_view_if_needed()
+    q1.locator(".quiz-input input").fill("26 GB")
+    q1.locator("button.quiz-check").click()
+    feedback = q1.locator(".quiz-feedback")
+    feedback.get_by_text(re.compile("Correct")).wait_for()
+    expect(feedback).to_have_class(re.compile(r"\bquiz-correct\b"))
+    assert "2 bytes" in q1.locator(".quiz-explanation").inner_text()
+    lab.screenshot("lab01-quiz-right")
+    q1.locator(".quiz-input input").fill("13 GB")
+    q1.locator("button.quiz-check").click()
+    feedback.get_by_text(re.compile("Not quite")).wait_for()
+    assert "too low" in feedback.inner_text()
+    expect(feedback).to_have_class(re.compile(r"\bquiz-wrong\b"))
+    lab.screenshot("lab01-quiz-wrong")
