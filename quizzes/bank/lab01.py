@@ -129,13 +129,14 @@ QUESTIONS = [
         "q9",
         "**Measured.** From the bandwidth you measured on this machine, predict your batch-1 decode "
         "speed of SmolLM2-135M in fp32 (about 538 MB of weights read per token, plus a few MB of "
-        "KV cache). It is marked against the real decode step measured in section 5, and counts "
-        "as right up to twice that speed: real kernels reach only part of the bandwidth.",
-        answer=lambda m: m["decode_tok_s"], unit="tok/s", rtol=1.0,
+        "KV cache). It is marked against the real decode step measured in section 5. A real step "
+        "reaches only part of the bandwidth ceiling (often 40–80%), so any prediction up to 2.5 times "
+        "the measured speed counts as right.",
+        answer=lambda m: m["decode_tok_s"], unit="tok/s", rtol=1.5,
         needs=("decode_tok_s",), example_measured={"decode_tok_s": 25.0},
         explanation="Ceiling = bandwidth ÷ bytes per token, e.g. 25 GB/s ÷ 0.54 GB ≈ 46 tok/s. The "
-                    "measured step reaches part of it (50–90% on a quiet machine; less when other "
-                    "programs compete for the cores): the bandwidth test streams one long array, while "
+                    "measured step reaches part of it (often 40–80%; less when other programs "
+                    "compete for the cores): the bandwidth test streams one long array, while "
                     "a decode step runs ~120 matrix products, each with its own start-up cost, plus "
                     "norms, RoPE and attention. gpt-fast-style engines report this fraction "
                     "(achieved GB/s ÷ peak GB/s) next to tok/s.",
