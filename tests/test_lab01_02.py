@@ -231,8 +231,8 @@ def _wrong_value(q, right):
 
 @pytest.mark.parametrize("qid", BANK_IDS)
 def test_bank_question_accepts_its_answer_and_rejects_a_wrong_one(qid):
-    bank, q = load_bank(qid.split(".")[0]), None
-    q = bank.questions[qid.split(".")[1]]
+    bank_name, local = qid.split(".")
+    q = load_bank(bank_name).questions[local]
     if isinstance(q, Choice):
         right = expected(qid)
         assert answer(qid, right).correct
