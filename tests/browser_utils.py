@@ -205,7 +205,9 @@ class LabPage:
                 cell["outputs"], cell["execution_count"] = [], None
         (self.server.root / src.name).write_text(json.dumps(nb, indent=1), encoding="utf-8")
         self.path = src.name
-        self.page.goto(self.server.url(self.path))
+        # `reset` starts from an empty workspace: the server is shared by the whole session,
+        # and a restored tab from an earlier test would hide this notebook behind it.
+        self.page.goto(self.server.url(self.path) + "&reset")
         self.page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
         self._accept_kernel_dialog()
         self.wait_idle(120)

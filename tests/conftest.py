@@ -11,6 +11,10 @@ import warnings
 import pytest
 import torch
 
+# The browser fixtures are session-scoped and must exist once per session: one JupyterLab
+# server, one Playwright instance (a second sync_playwright() in the same process fails).
+from browser_utils import _chromium, jupyter_lab, lab  # noqa: E402,F401
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # inherited by notebook kernels
 if not torch.cuda.is_available():  # before transformers imports triton (see minillm.kernels)

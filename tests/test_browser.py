@@ -11,7 +11,6 @@ import re
 
 import pytest
 
-from browser_utils import _chromium, jupyter_lab, lab  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 

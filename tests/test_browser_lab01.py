@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from browser_utils import REPO, _chromium, jupyter_lab, lab  # noqa: F401  (fixtures)
+from browser_utils import REPO
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
