@@ -40,6 +40,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF conversion prog
 import minillm  # noqa: E402
 from minillm.engine import LLMEngine, SamplingParams  # noqa: E402
 from minillm.perf import measure_matmul_flops  # noqa: E402
+from decode import load_hf  # noqa: E402  (same transformers reference as the decode benchmark)
 from workload import PATH as WORKLOAD_PATH, make_workload  # noqa: E402
 
 
@@ -144,19 +145,6 @@ def memory_waste(log, block_size, max_model_len):
                     "prompts admitted but not yet prefilled (whole prompts are reserved)."}
 
 
-def load_hf():
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-    from minillm.gguf_loader import find_model_path
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    path = find_model_path()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                    dtype=torch.float32).eval()
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
@@ -174,7 +162,7 @@ def main():
           else json.loads(WORKLOAD_PATH.read_text()))
     reqs = wl["requests"]
     model, _ = minillm.load_model()
-    hf = load_hf()
+    hf = load_hf(torch.float32)
     minillm.generate(model, reqs[0]["prompt_ids"][:8], 2)  # warm-up
     hf.generate(torch.tensor([reqs[0]["prompt_ids"][:8]]), max_new_tokens=2, pad_token_id=2)
     flops = measure_matmul_flops()
