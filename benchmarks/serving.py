@@ -27,7 +27,6 @@ import os
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
