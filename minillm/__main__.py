@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="wrap the prompt in the model's chat template")
     gen.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
     gen.add_argument("--backend", choices=["torch", "triton"], default="torch")
+    gen.add_argument("--compile", action="store_true",
+                     help="run decode steps through torch.compile (the first one compiles)")
     info = sub.add_parser("info", help="model config, sizes and this machine's ceilings")
     info.add_argument("--refresh", action="store_true", help="re-measure this machine")
     return parser
@@ -71,7 +73,7 @@ def cmd_generate(args) -> int:
     out: list[int] = []
     shown = ""
     for token in generate_stream(model, ids, args.max_new_tokens, args.temperature, args.top_k,
-                                 args.top_p, args.seed):
+                                 args.top_p, args.seed, compile=args.compile):
         if token == tok.eos_token_id:
             break
         out.append(token)

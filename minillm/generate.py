@@ -58,12 +58,18 @@ def _stop_ids(model, stop_token_ids, ignore_eos) -> set[int]:
 def generate_stream(model, prompt_ids, max_new_tokens: int, temperature: float = 0.0,
                     top_k: int | None = None, top_p: float | None = None,
                     seed: int | None = None, stop_token_ids=None, ignore_eos: bool = False,
-                    use_cache: bool = True, append_fn=None, attend_fn=None) -> Iterator[int]:
+                    use_cache: bool = True, append_fn=None, attend_fn=None,
+                    compile: bool = False) -> Iterator[int]:
     """Yield new token ids one at a time. A stop token is yielded, then generation ends.
 
     `append_fn` / `attend_fn` replace the cache write and the cached attention (Lab 02
     plugs the student's versions in here); see `minillm.kv_cache` for their signatures.
+    `compile=True` runs the decode steps through `model.compiled_run()` (torch.compile);
+    the first call pays the compilation. It needs the cache and the default functions.
     """
+    if compile and (not use_cache or append_fn is not None or attend_fn is not None):
+        raise ValueError("compile=True needs use_cache=True and the default append_fn / "
+                         "attend_fn (a student's functions run eagerly)")
     prompt = _check_request(model, prompt_ids, max_new_tokens)
     validate_sampling(temperature, top_k, top_p)
     if max_new_tokens == 0:
@@ -81,6 +87,9 @@ def generate_stream(model, prompt_ids, max_new_tokens: int, temperature: float =
                        last_only=True)
     else:
         logits = model(tokens, last_only=True)
+    # Decode steps: positions were checked above (prompt + max_new_tokens fits), so the
+    # compiled path may skip forward()'s checks.
+    decode = model.compiled_run() if compile else model
     pos = len(prompt)
     for step in range(max_new_tokens):
         next_id = sample_next(logits[0, -1], temperature, top_k, top_p, generator)
@@ -89,7 +98,7 @@ def generate_stream(model, prompt_ids, max_new_tokens: int, temperature: float =
             return
         if use_cache:
             ctx.start_pos = pos
-            logits = model(tokens.new_tensor([[next_id]]), tokens.new_tensor([[pos]]), ctx)
+            logits = decode(tokens.new_tensor([[next_id]]), tokens.new_tensor([[pos]]), ctx)
         else:
             tokens = torch.cat([tokens, tokens.new_tensor([[next_id]])], dim=1)
             logits = model(tokens, last_only=True)
@@ -99,11 +108,11 @@ def generate_stream(model, prompt_ids, max_new_tokens: int, temperature: float =
 def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
              stop_token_ids=None, ignore_eos: bool = False, use_cache: bool = True,
-             append_fn=None, attend_fn=None) -> list[int]:
+             append_fn=None, attend_fn=None, compile: bool = False) -> list[int]:
     """Return the new token ids (the prompt is not included)."""
     return list(generate_stream(model, prompt_ids, max_new_tokens, temperature, top_k, top_p,
                                 seed, stop_token_ids, ignore_eos, use_cache, append_fn,
-                                attend_fn))
+                                attend_fn, compile))
 
 
 @torch.inference_mode()

@@ -29,30 +29,37 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused call: fewer small ops per decode step
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalize in fp32 whatever the model dtype: the mean of squares overflows fp16.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
 def rope_cos_sin(head_dim: int, max_positions: int, theta: float, device=None):
-    """cos/sin tables [max_positions, head_dim // 2] in fp32."""
+    """RoPE tables [max_positions, head_dim] in fp32, laid out for `apply_rope`.
+
+    Frequency i (of head_dim / 2) rotates the pair (x[i], x[i + D/2]) by angle pos * w_i. The
+    tables repeat each angle in both halves and fold the rotation's sign into `sin`:
+    cos = [cos, cos], sin = [-sin, sin].
+    """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float64)
                                 / head_dim))
     angles = torch.arange(max_positions, device=device, dtype=torch.float64)[:, None] * inv_freq
-    return angles.cos().float(), angles.sin().float()
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([cos, cos], -1).float(), torch.cat([-sin, sin], -1).float()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate each (x[i], x[i + D/2]) pair by its position's angle (half-split form).
+    """Rotate each (x[i], x[i + D/2]) pair by its position's angle (half-split form):
 
-    x: [B, T, H, D]; cos/sin: [B, T, D/2] already gathered at each token's position.
+        (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
+
+    x: [B, T, H, D]; cos/sin: [B, T, D] from `rope_cos_sin`, gathered at each token's
+    position. Three ops, not ten: a decode step calls this once per layer.
     """
-    half = x.shape[-1] // 2
-    xf = x.float()
-    x1, x2 = xf[..., :half], xf[..., half:]
     c, s = cos[:, :, None, :], sin[:, :, None, :]
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+    swapped = torch.roll(x, x.shape[-1] // 2, dims=-1)  # (x1, x2) -> (x2, x1)
+    return torch.addcmul(x * c, swapped, s).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -90,7 +97,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        gate, up = gate_up[..., :self.intermediate_size], gate_up[..., self.intermediate_size:]
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -121,6 +129,7 @@ class LlamaModel(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.attn_backend = get_backend(attn_backend)
+        self._compiled_run = None
 
     @property
     def device(self) -> torch.device:
@@ -132,6 +141,7 @@ class LlamaModel(nn.Module):
 
     def set_attn_backend(self, name_or_backend) -> "LlamaModel":
         self.attn_backend = get_backend(name_or_backend)
+        self._compiled_run = None  # compiled against the old backend
         return self
 
     def init_random_weights(self, seed: int = 0, std: float = 0.2) -> "LlamaModel":
@@ -145,6 +155,26 @@ class LlamaModel(nn.Module):
             for name, p in self.named_parameters():
                 noise = torch.randn(p.shape, generator=g) * std
                 p.copy_((1.0 + noise) if name.endswith("norm.weight") else noise)
+        return self
+
+    def use_matvec_layout(self) -> "LlamaModel":
+        """Store every weight matrix with its longer side contiguous in memory. Same values.
+
+        Batch-1 decode does one matrix-vector product per weight, and on a CPU its speed is
+        how fast the matrix streams from memory. BLAS matvecs stream long contiguous rows
+        faster than short ones, so gate|up [3072, 576] and the tied 49152 x 576 LM head run
+        faster stored as [in, out], and down_proj [576, 1536] as it is
+        (`benchmarks/matvec_layout.py` measures each shape both ways). `weight` keeps its
+        [out, in] shape, as a transposed view where needed, so `F.linear` and everything
+        that reads the weights are unchanged.
+        """
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, (nn.Linear, nn.Embedding)):
+                    w = module.weight  # Linear [out, in]; Embedding (= tied LM head) [V, d]
+                    if w.shape[0] >= w.shape[1] and not w.t().is_contiguous():
+                        module.weight = nn.Parameter(w.t().contiguous().t(), requires_grad=False)
+        self._compiled_run = None  # compiled against the old tensors
         return self
 
     def check_positions(self, positions: torch.Tensor) -> None:
@@ -173,6 +203,11 @@ class LlamaModel(nn.Module):
             self.check_positions(positions)
         if ctx is None:
             ctx = NoCacheContext(self.attn_backend)
+        return self.run(input_ids, positions, ctx, last_only)
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx,
+            last_only: bool = False) -> torch.Tensor:
+        """The forward math with no argument checks: what `compiled_run` compiles."""
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         x = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
@@ -180,6 +215,21 @@ class LlamaModel(nn.Module):
         if last_only:
             x = x[:, -1:]
         return self.logits(self.norm(x))
+
+    def compiled_run(self):
+        """`run` compiled by `torch.compile` (built once per model, then reused).
+
+        Why: a batch-1 decode step is ~40 small ops per layer around 4 matrix-vector
+        products, and on a CPU each small op costs several microseconds of dispatch, so
+        at 30 layers the glue costs about a third of the step. Inductor fuses the glue
+        (RMSNorm, RoPE, SiLU*up, residuals) into a few generated kernels and leaves the
+        matmuls to BLAS. The math is unchanged; tests compare its tokens and logits with
+        eager. The first call compiles (~30-70 s for SmolLM2 on 2 cores; cached on disk
+        by torch afterwards). dynamic=True: one graph serves every position and cache size.
+        """
+        if self._compiled_run is None:
+            self._compiled_run = torch.compile(self.run, dynamic=True)
+        return self._compiled_run
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -207,6 +257,8 @@ def load_model(dtype: torch.dtype = torch.float32, device=None, attn_backend="to
     cos, sin = rope_cos_sin(config.head_dim, config.max_position_embeddings, config.rope_theta)
     model.rope_cos, model.rope_sin = cos, sin
     model = model.to(device=device or "cpu", dtype=dtype)
+    if model.device.type == "cpu":
+        model.use_matvec_layout()
     # RoPE tables stay fp32 whatever the weights are.
     model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()
     return model.eval().requires_grad_(False), tokenizer

@@ -191,3 +191,56 @@ def test_config_validation():
         ModelConfig.tiny(num_heads=4, num_kv_heads=3)
     with pytest.raises(ValueError, match="hidden_size"):
         ModelConfig.tiny(hidden_size=0)
+
+
+def test_rope_matches_the_half_split_formula():
+    # apply_rope's three-op form against the textbook pairwise rotation.
+    D = 16
+    cos, sin = rope_cos_sin(D, 64, 10000.0)
+    x = torch.randn(2, 3, 4, D, generator=torch.Generator().manual_seed(1))
+    pos = torch.tensor([[0, 5, 63], [1, 2, 3]])
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    ang = (pos[..., None].double() * inv_freq)[:, :, None, :]
+    x1, x2 = x[..., :D // 2].double(), x[..., D // 2:].double()
+    want = torch.cat([x1 * ang.cos() - x2 * ang.sin(), x2 * ang.cos() + x1 * ang.sin()], -1)
+    torch.testing.assert_close(apply_rope(x, cos[pos], sin[pos]).double(), want,
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_matvec_layout_keeps_values_and_outputs():
+    model = make("deep", seed=4)
+    ids = torch.tensor([prompt(4, 9)])
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    logits = model(ids)
+    model.use_matvec_layout()
+    for name, p in model.state_dict().items():
+        torch.testing.assert_close(p, before[name], rtol=0, atol=0)
+        if p.dim() == 2:  # the longer side is the contiguous one
+            rows_contiguous = p.shape[0] >= p.shape[1]
+            assert p.t().is_contiguous() == rows_contiguous, name
+    torch.testing.assert_close(model(ids), logits, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_decode_equals_eager():
+    model = make("gqa", seed=5)
+    for n, length in ((24, 9), (30, 4)):  # a second cache size reuses the same graph
+        ids = prompt(5 + n, length)
+        eager = minillm.generate(model, ids, n, ignore_eos=True)
+        assert minillm.generate(model, ids, n, ignore_eos=True, compile=True) == eager
+    with pytest.raises(ValueError, match="compile=True needs use_cache=True"):
+        minillm.generate(model, ids, 4, use_cache=False, compile=True)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_gqa_decode_attention_matches_sdpa(masked):
+    from minillm.attention import decode_attention_gqa
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(3, 6, 16, generator=g)                    # 6 query heads
+    k, v = torch.randn(2, 3, 2, 11, 16, generator=g)          # 2 KV heads, 11 keys
+    mask = torch.rand(3, 11, generator=g) > 0.3 if masked else None
+    if masked:
+        mask[:, 0] = True  # every row sees at least one key
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q[:, :, None], k, v, enable_gqa=True,
+        attn_mask=None if mask is None else mask[:, None, None, :])[:, :, 0]
+    torch.testing.assert_close(decode_attention_gqa(q, k, v, mask), want)

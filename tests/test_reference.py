@@ -93,3 +93,14 @@ def test_cached_equals_uncached_on_the_real_model(smollm):
     cached = minillm.generate(model, ids, 40, ignore_eos=True)
     uncached = minillm.generate(model, ids, 40, ignore_eos=True, use_cache=False)
     assert cached == uncached
+
+
+def test_real_model_loads_in_matvec_layout_and_compiled_decode_matches(smollm):
+    model, tok = smollm
+    # On CPU load_model stores long-output matrices as [in, out] rows (see use_matvec_layout).
+    assert model.embed_tokens.weight.t().is_contiguous()
+    assert model.layers[0].mlp.gate_up_proj.weight.t().is_contiguous()
+    assert model.layers[0].mlp.down_proj.weight.is_contiguous()
+    ids = tok.apply_chat_template([{"role": "user", "content": "Name three rivers."}])
+    eager = minillm.generate(model, ids, 24, ignore_eos=True)
+    assert minillm.generate(model, ids, 24, ignore_eos=True, compile=True) == eager

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..attention import decode_attention_gqa
 from .kv_cache import PagedKVCache, block_table_tensor
 
 DECODE_GROUP_MIN, DECODE_GROUP_RATIO = 8, 1.5
@@ -114,9 +115,11 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     hkv, dim = k_cache.shape[2], k_cache.shape[3]
     k = k_cache.view(-1, hkv, dim).index_select(0, slots.reshape(-1)).view(B, Lmax, hkv, dim)
     v = v_cache.view(-1, hkv, dim).index_select(0, slots.reshape(-1)).view(B, Lmax, hkv, dim)
+    if q.shape[1] != hkv:  # GQA: each KV head read once for its group of query heads
+        return decode_attention_gqa(q, k.transpose(1, 2), v.transpose(1, 2),
+                                    key_mask[:, 0, 0], sm_scale)
     out = F.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2),
-                                         attn_mask=key_mask, scale=sm_scale,
-                                         enable_gqa=q.shape[1] != hkv)
+                                         attn_mask=key_mask, scale=sm_scale)
     return out[:, :, 0]
 
 
