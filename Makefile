@@ -48,6 +48,7 @@ install-browser:
 	bash .ci/install-browser.sh
 
 bench: setup
+	$(BIN)/python benchmarks/matvec_layout.py
 	$(BIN)/python benchmarks/decode.py
 
 clean:

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from minillm.paged import block_pool
-from minillm.paged.block_pool import BlockManager, OutOfBlocksError
+from minillm.paged.block_manager import BlockManager
+from minillm.paged.block_pool import OutOfBlocksError
 
 NUM_BLOCKS, BS = 10, 4
 

@@ -129,7 +129,7 @@ def simulate(requests, arrivals=None, *, policy: str = "continuous", max_num_seq
     """
     from minillm.engine.request import Request, SamplingParams
     from minillm.engine.scheduler import Scheduler
-    from minillm.paged.block_pool import BlockManager
+    from minillm.paged.block_manager import BlockManager
 
     n = len(requests)
     arrivals = [0.0] * n if arrivals is None else list(arrivals)

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..paged.block_pool import BlockManager
+from ..paged.block_manager import BlockManager
 from ..paged.kv_cache import PagedKVCache
 from .model_runner import ModelRunner, sample_tokens
 from .request import Request, RequestMetrics, RequestOutput, RequestStatus, SamplingParams

@@ -31,7 +31,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..paged.block_pool import BlockManager, OutOfBlocksError
+from ..paged.block_manager import BlockManager
+from ..paged.block_pool import OutOfBlocksError
 from .request import Request, RequestStatus
 
 

@@ -4,7 +4,7 @@ Layout per layer: `k_caches[layer]`, `v_caches[layer]` of shape
 `[num_blocks, block_size, num_kv_heads, head_dim]`. Token slot s (from
 `BlockManager.slot_mapping`) is row s of the flat view `[num_blocks * block_size, Hkv, D]`,
 i.e. block s // block_size, offset s % block_size. Which block belongs to which sequence
-is decided by `minillm.paged.block_pool`; this module only moves bytes.
+is decided by `minillm.paged.block_pool` and `block_manager`; this module only moves bytes.
 
 Invariants:
 - After `write(layer, k, v, slots)`, flat row slots[i] of that layer holds k[i] / v[i];

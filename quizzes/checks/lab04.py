@@ -87,7 +87,7 @@ def block_allocator(case: Case, cls) -> None:
     """Your BlockAllocator(num_blocks, block_size) against minillm's BlockManager over ~30
     random allocate / append / fork / free operations: exact block tables, ref counts, free
     queue and copy-on-write pairs after every one."""
-    from minillm.paged.block_pool import BlockManager
+    from minillm.paged.block_manager import BlockManager
 
     bs, nb = case.choice([2, 4, 16]), case.size(24, 40)
     bm = BlockManager(nb, bs, enable_prefix_caching=False)
