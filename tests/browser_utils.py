@@ -344,3 +344,26 @@ def lab(_chromium, jupyter_lab, request):
         except Exception:
             pass
         context.close()
+
+
+def answer_text_question(question, text: str, expect: str, attempts: int = 3) -> None:
+    """Type `text` into a quiz question's box, press Check, and wait until its feedback
+    matches the regex `expect`.
+
+    The box syncs its value to the kernel on blur (continuous_update=False), so the value
+    is committed with Tab before the click. If a click is still lost (it can land while
+    the front end is busy), it is retried: `attempts` tries of 20 s each, like a user
+    who clicks again.
+    """
+    box = question.locator(".quiz-input input")
+    feedback = question.locator(".quiz-feedback").get_by_text(re.compile(expect))
+    for _ in range(attempts):
+        box.fill(text)
+        box.press("Tab")
+        question.locator("button.quiz-check").click()
+        try:
+            feedback.wait_for(timeout=20_000)
+            return
+        except Exception:  # playwright's TimeoutError: click again
+            continue
+    feedback.wait_for(timeout=5_000)  # raises with playwright's own message

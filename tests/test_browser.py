@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from browser_utils import answer_text_question
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
@@ -33,18 +34,14 @@ def test_demo_notebook_runs_and_quiz_gives_feedback(lab):
     # numeric question: right answer (with a unit) ...
     q1 = page.locator(".quiz-q-demo-q1")
     q1.scroll_into_view_if_needed()
-    q1.locator(".quiz-input input").fill("26 GB")
-    q1.locator("button.quiz-check").click()
+    answer_text_question(q1, "26 GB", "Correct")
     feedback = q1.locator(".quiz-feedback")
-    feedback.get_by_text(re.compile("Correct")).wait_for()
     assert "26 GB" in feedback.inner_text()
     assert "2 bytes" in q1.locator(".quiz-explanation").inner_text()
     lab.screenshot("demo-quiz-right")
 
     # ... then wrong by a factor of 1e9: the feedback changes to a units hint
-    q1.locator(".quiz-input input").fill("26e9")
-    q1.locator("button.quiz-check").click()
-    feedback.get_by_text(re.compile("Check your units")).wait_for()
+    answer_text_question(q1, "26e9", "Check your units")
     assert "Did you mean 26 GB?" in feedback.inner_text()
     expect(feedback).to_have_class(re.compile(r"\bquiz-wrong\b"))
 

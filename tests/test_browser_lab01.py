@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from browser_utils import REPO
+from browser_utils import REPO, answer_text_question
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
@@ -68,16 +68,12 @@ def test_lab01_runs_its_roofline_reacts_and_its_quiz_gives_feedback(lab):
     # the quiz: right, then wrong
     q1 = page.locator(".quiz-q-lab01-q1")
     q1.scroll_into_view_if_needed()
-    q1.locator(".quiz-input input").fill("26 GB")
-    q1.locator("button.quiz-check").click()
+    answer_text_question(q1, "26 GB", "Correct")
     feedback = q1.locator(".quiz-feedback")
-    feedback.get_by_text(re.compile("Correct")).wait_for()
     expect(feedback).to_have_class(re.compile(r"\bquiz-correct\b"))
     assert "2 bytes" in q1.locator(".quiz-explanation").inner_text()
     lab.screenshot("lab01-quiz-right")
-    q1.locator(".quiz-input input").fill("13 GB")
-    q1.locator("button.quiz-check").click()
-    feedback.get_by_text(re.compile("Not quite")).wait_for()
+    answer_text_question(q1, "13 GB", "Not quite")
     assert "too low" in feedback.inner_text()
     expect(feedback).to_have_class(re.compile(r"\bquiz-wrong\b"))
     lab.screenshot("lab01-quiz-wrong")
