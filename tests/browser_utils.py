@@ -355,6 +355,8 @@ def answer_text_question(question, text: str, expect: str, attempts: int = 3) ->
     the front end is busy), it is retried: `attempts` tries of 20 s each, like a user
     who clicks again.
     """
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     box = question.locator(".quiz-input input")
     feedback = question.locator(".quiz-feedback").get_by_text(re.compile(expect))
     for _ in range(attempts):
@@ -364,6 +366,6 @@ def answer_text_question(question, text: str, expect: str, attempts: int = 3) ->
         try:
             feedback.wait_for(timeout=20_000)
             return
-        except Exception:  # playwright's TimeoutError: click again
+        except PlaywrightTimeout:  # the click was lost: click again
             continue
     feedback.wait_for(timeout=5_000)  # raises with playwright's own message

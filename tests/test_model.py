@@ -231,16 +231,17 @@ def test_compiled_decode_equals_eager():
         minillm.generate(model, ids, 4, use_cache=False, compile=True)
 
 
+@pytest.mark.parametrize("num_kv_heads", [2, 6])  # GQA (3 query heads per KV head), MHA
 @pytest.mark.parametrize("masked", [False, True])
-def test_gqa_decode_attention_matches_sdpa(masked):
-    from minillm.attention import decode_attention_gqa
+def test_decode_attention_matches_sdpa(masked, num_kv_heads):
+    from minillm.attention import decode_attention
     g = torch.Generator().manual_seed(7)
     q = torch.randn(3, 6, 16, generator=g)                    # 6 query heads
-    k, v = torch.randn(2, 3, 2, 11, 16, generator=g)          # 2 KV heads, 11 keys
+    k, v = torch.randn(2, 3, num_kv_heads, 11, 16, generator=g)  # 11 keys
     mask = torch.rand(3, 11, generator=g) > 0.3 if masked else None
     if masked:
         mask[:, 0] = True  # every row sees at least one key
     want = torch.nn.functional.scaled_dot_product_attention(
         q[:, :, None], k, v, enable_gqa=True,
         attn_mask=None if mask is None else mask[:, None, None, :])[:, :, 0]
-    torch.testing.assert_close(decode_attention_gqa(q, k, v, mask), want)
+    torch.testing.assert_close(decode_attention(q, k, v, mask), want)

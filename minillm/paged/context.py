@@ -30,9 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from ..attention import decode_attention_gqa
+from ..attention import decode_attention
 from .kv_cache import PagedKVCache, block_table_tensor
 
 DECODE_GROUP_MIN, DECODE_GROUP_RATIO = 8, 1.5
@@ -50,7 +49,7 @@ class PagedAttentionMetadata:
     num_decode_tokens: int              # rows 0 .. num_decode_tokens-1 are decodes
     decode_block_tables: torch.Tensor   # [Bd, max_blocks] int32
     decode_context_lens: torch.Tensor   # [Bd] int32
-    # (first row, end row, slots [n, Lmax] long (padding -> slot 0), key mask [n,1,1,Lmax])
+    # (first row, end row, slots [n, Lmax] long (padding -> slot 0), key mask [n, Lmax] bool)
     decode_groups: list[tuple[int, int, torch.Tensor, torch.Tensor]]
     cu_seqlens_q: torch.Tensor          # [Bp + 1] int32, over the prefill rows only
     cu_seqlens_k: torch.Tensor          # [Bp + 1] int32
@@ -90,7 +89,7 @@ class PagedAttentionMetadata:
             slots = _slots(d_tables[i:j], pos.clamp(max=d_tables.shape[1] * block_size - 1),
                            block_size)
             key_mask = pos < d_ctx[i:j, None]
-            groups.append((i, j, slots.masked_fill(~key_mask, 0), key_mask[:, None, None, :]))
+            groups.append((i, j, slots.masked_fill(~key_mask, 0), key_mask))
             i = j
 
         # Prefill chunks: keys are positions 0 .. start + query_len - 1 of each sequence.
@@ -110,17 +109,13 @@ class PagedAttentionMetadata:
 def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                               slots: torch.Tensor, key_mask: torch.Tensor,
                               sm_scale: float | None = None) -> torch.Tensor:
-    """q [B, Hq, D] -> [B, Hq, D]: one SDPA call over K/V gathered to [B, Lmax, Hkv, D]."""
+    """q [B, Hq, D] -> [B, Hq, D]: one attention call over K/V gathered to [B, Lmax, Hkv, D];
+    key_mask [B, Lmax] marks each row's real keys."""
     B, Lmax = slots.shape
     hkv, dim = k_cache.shape[2], k_cache.shape[3]
     k = k_cache.view(-1, hkv, dim).index_select(0, slots.reshape(-1)).view(B, Lmax, hkv, dim)
     v = v_cache.view(-1, hkv, dim).index_select(0, slots.reshape(-1)).view(B, Lmax, hkv, dim)
-    if q.shape[1] != hkv:  # GQA: each KV head read once for its group of query heads
-        return decode_attention_gqa(q, k.transpose(1, 2), v.transpose(1, 2),
-                                    key_mask[:, 0, 0], sm_scale)
-    out = F.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2),
-                                         attn_mask=key_mask, scale=sm_scale)
-    return out[:, :, 0]
+    return decode_attention(q, k.transpose(1, 2), v.transpose(1, 2), key_mask, sm_scale)
 
 
 class PagedAttentionContext:
