@@ -122,6 +122,22 @@ def test_preemption_matches_generate(model, workload, caching):
     assert engine.stats()["num_preemptions"] > 0, "the pool should have been too small"
 
 
+@pytest.mark.parametrize("path", ["kernel", "gather"])
+def test_both_cpu_decode_paths_match_generate(model, workload, path):
+    """The C++ kernel (the CPU default) and the PyTorch gather path give generate's tokens."""
+    prompts, params, ref = workload
+    engine = LLMEngine(model, num_blocks=400, block_size=BS, max_num_batched_tokens=24,
+                       decode_path=path)
+    assert engine.runner.decode_path == path
+    assert run(engine, prompts, params) == ref
+
+
+def test_cpu_engine_defaults_to_the_kernel(model):
+    assert LLMEngine(model, num_blocks=8, block_size=BS).runner.decode_path == "kernel"
+    with pytest.raises(ValueError, match="decode_path must be None"):
+        LLMEngine(model, num_blocks=8, block_size=BS, decode_path="fast")
+
+
 def test_static_scheduling_matches_generate(model, workload):
     prompts, params, ref = workload
     engine = LLMEngine(model, num_blocks=400, block_size=BS, max_num_seqs=8,
@@ -140,6 +156,20 @@ def test_generate_convenience_and_metrics(model, workload):
     s = engine.stats()
     assert s["num_generated_tokens"] == sum(len(r) for r in ref[:6])
     assert s["num_running"] == s["num_waiting"] == s["num_used_blocks"] == 0
+
+
+def test_finished_metrics_keep_only_the_most_recent(model, workload):
+    """A long-running server must not keep every request's metrics forever."""
+    prompts, params, _ = workload
+    engine = LLMEngine(model, num_blocks=400, block_size=BS)
+    engine.max_finished_metrics = 3
+    for i in range(6):
+        engine.add_request(f"r{i}", prompts[i], params[i])
+    finish_order = []
+    while engine.has_unfinished_requests():
+        finish_order += [(o.request_id, o.index) for o in engine.step() if o.finished]
+    assert len(finish_order) == 6
+    assert list(engine.finished_metrics) == finish_order[-3:]
 
 
 @pytest.mark.parametrize("num_blocks", [64, 6])  # 6: the samples preempt each other
@@ -217,8 +247,9 @@ def test_default_pool_is_sized_from_a_budget(model):
     assert engine.block_manager.num_blocks == 2 * 256 // BS
 
 
-def test_paged_context_matches_reference():
-    """Decodes (fast torch path) and prefill chunks vs the reference, on scattered blocks."""
+@pytest.mark.parametrize("path", ["kernel", "gather"])
+def test_paged_context_matches_reference(path):
+    """Decodes (C++ kernel / torch gather path) and prefill chunks vs the reference."""
     g = torch.Generator().manual_seed(0)
     num_blocks, hq, hkv, d = 80, 4, 2, 16
     cache = PagedKVCache(1, num_blocks, BS, hkv, d)
@@ -239,7 +270,8 @@ def test_paged_context_matches_reference():
     N = sum(q for _, q in shapes)
     q = torch.randn(1, N, hq, d, generator=g)
     k, v = torch.randn(1, N, hkv, d, generator=g), torch.randn(1, N, hkv, d, generator=g)
-    out = PagedAttentionContext(minillm.attention.TorchBackend(), cache, meta).attend(0, q, k, v)
+    out = PagedAttentionContext(minillm.attention.TorchBackend(), cache, meta,
+                                path).attend(0, q, k, v)
     bt = torch.zeros(len(shapes), 16, dtype=torch.int32)
     for i, t in enumerate(tables):
         bt[i, :len(t)] = torch.tensor(t)

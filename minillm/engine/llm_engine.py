@@ -21,6 +21,11 @@ prompt then delays the running decodes by at most one such step (~0.5-1 s here) 
 its whole prefill. It is the chunk size the syllabus and vLLM's early chunked-prefill default
 use; on a GPU, 2048-8192 fits the faster matmuls better.
 
+`decode_path` picks how decode rows attend (see `minillm.paged.context`): None chooses
+"kernel" (the C++ paged-decode kernel, K/V read in place) on a CPU where it builds, else
+"gather" (PyTorch: gather K/V, then SDPA) with the torch backend, and "backend" (the
+backend's own paged kernel, e.g. Triton) otherwise. The benchmark passes it explicitly.
+
 Admission errors are raised by `add_request`, never later: a duplicate id, a prompt plus
 max_tokens beyond the model's context, a request that could not fit the pool even alone
 (it would wait forever), or, without chunked prefill, a request longer than the budget.
@@ -33,6 +38,7 @@ from collections.abc import Sequence
 import torch
 
 from ..paged.block_manager import BlockManager
+from ..paged.context import DECODE_PATHS
 from ..paged.kv_cache import PagedKVCache
 from .model_runner import ModelRunner, sample_tokens
 from .request import Request, RequestMetrics, RequestOutput, RequestStatus, SamplingParams
@@ -59,8 +65,12 @@ class LLMEngine:
                  block_size: int = 16, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 512, enable_prefix_caching: bool = True,
                  chunked_prefill: bool = True, kv_cache_memory_bytes: int | None = None,
-                 scheduling: str = "continuous", max_model_len: int | None = None):
+                 scheduling: str = "continuous", max_model_len: int | None = None,
+                 decode_path: str | None = None):
         cfg = model.config
+        if decode_path not in (None, *DECODE_PATHS):
+            raise ValueError(f"decode_path must be None (choose) or one of {DECODE_PATHS}, "
+                             f"got {decode_path!r}")
         self.model, self.tokenizer = model, tokenizer
         self.max_model_len = max_model_len or cfg.max_position_embeddings
         if not 1 <= self.max_model_len <= cfg.max_position_embeddings:
@@ -77,9 +87,13 @@ class LLMEngine:
                                      cfg.head_dim, model.dtype, model.device)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens,
                                    chunked_prefill, scheduling)
-        self.runner = ModelRunner(model, self.kv_cache, self.block_manager)
+        self.runner = ModelRunner(model, self.kv_cache, self.block_manager, decode_path)
         self.requests: dict[str, list[Request]] = {}  # unfinished, by request_id
+        # Metrics of the most recent finished sequences, oldest first, keyed (request_id,
+        # index). Bounded, so a long-running server does not grow without limit; every
+        # finished RequestOutput also carries its own metrics.
         self.finished_metrics: dict[tuple[str, int], RequestMetrics] = {}
+        self.max_finished_metrics = 10_000
         self._pending_outputs: list[RequestOutput] = []  # aborts, reported by the next step
         self.num_steps = self.num_batched_tokens = self.num_generated_tokens = 0
         self.num_cow_copies = self._num_generate_calls = 0
@@ -182,6 +196,8 @@ class LLMEngine:
 
     def _record_finished(self, req: Request) -> None:
         self.finished_metrics[req.seq_id] = req.metrics
+        while len(self.finished_metrics) > self.max_finished_metrics:
+            del self.finished_metrics[next(iter(self.finished_metrics))]
         group = self.requests.get(req.request_id, [])
         if all(r.is_finished for r in group) and not any(r.num_pending_forks for r in group):
             self.requests.pop(req.request_id, None)

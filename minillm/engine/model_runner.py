@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..paged.context import PagedAttentionContext, PagedAttentionMetadata
+from ..paged.context import PagedAttentionContext, PagedAttentionMetadata, decode_path
 from ..paged.kv_cache import PagedKVCache
 from ..sampling import sample_next
 from .request import Request
@@ -25,8 +25,10 @@ from .scheduler import SchedulerOutput
 
 
 class ModelRunner:
-    def __init__(self, model, kv_cache: PagedKVCache, block_manager):
+    def __init__(self, model, kv_cache: PagedKVCache, block_manager, path: str | None = None):
         self.model, self.kv_cache, self.block_manager = model, kv_cache, block_manager
+        # How decode rows attend (see minillm.paged.context): fixed for the engine's life.
+        self.decode_path = path or decode_path(model.attn_backend, kv_cache)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
@@ -51,8 +53,10 @@ class ModelRunner:
                               s.num_new_tokens))
         if out.copy_on_write:  # before this step writes into the copies
             self.kv_cache.copy_blocks(out.copy_on_write)
-        meta = PagedAttentionMetadata.build(meta_seqs, self.kv_cache.block_size, device)
-        ctx = PagedAttentionContext(self.model.attn_backend, self.kv_cache, meta)
+        meta = PagedAttentionMetadata.build(meta_seqs, self.kv_cache.block_size, device,
+                                            decode_groups=self.decode_path == "gather")
+        ctx = PagedAttentionContext(self.model.attn_backend, self.kv_cache, meta,
+                                    self.decode_path)
         rows = [last_row[i] for i, s in enumerate(out.seqs) if s.samples]
         return self.forward(torch.tensor([ids], device=device),
                             torch.tensor([positions], device=device), ctx, rows)

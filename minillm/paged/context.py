@@ -6,8 +6,8 @@ decodes (query_len == 1) FIRST, into tensors shared by every layer:
 
 - `slot_mapping [N]`: the cache slot of each new token,
   slot = block_table[pos // block_size] * block_size + pos % block_size;
-- for the decodes: block tables / context lengths (for `backend.paged_decode`), plus the
-  same information as padded slot indices [n, Lmax] and key masks (the torch fast path),
+- for the decodes: block tables / context lengths (for the kernels), plus, for the
+  "gather" path only, the same information as padded slot indices [n, Lmax] and key masks,
   one per group of decodes with similar context lengths;
 - for the prefill chunks: cu_seqlens of queries and of keys (each chunk attends to its
   cached prefix and itself: context = start + query_len) and the slots of those keys.
@@ -16,14 +16,21 @@ decodes (query_len == 1) FIRST, into tensors shared by every layer:
 through slot_mapping first, so a sequence's own new tokens are in the cache when it
 attends, then computes decode rows and prefill rows and returns [1, N, Hq, D].
 
-Why a torch fast path for decode: `TorchBackend.paged_decode` is the per-sequence reference
-loop; at 64 sequences x 30 layers its Python overhead dominates a CPU step. The fast path
-gathers the decodes' K/V with one index op into [n, Lmax, Hkv, D] and calls SDPA once with
-a key mask. It is exact (same math), and tested against the reference. The gather is pure
-memory traffic, and padding every row to the longest context would gather up to 2x the
-real K/V when lengths vary (16..512 in the benchmark). So decodes are grouped: the runner
-sorts them by context length, and a group is cut when the next length exceeds 1.5x its
-first one (groups keep at least DECODE_GROUP_MIN rows, to bound the number of calls).
+Decode rows take one of three paths (`decode_path`), chosen once per engine:
+
+- "kernel": on the CPU with the torch backend and an fp32 cache, the C++ kernel of
+  `minillm.paged.cpu_decode` reads K/V in place through the block tables: the cache is
+  read once, with no copy. It is the default there when it builds.
+- "gather": the PyTorch fast path, used when the kernel is off or cannot be built (and on
+  a GPU with the torch backend). `TorchBackend.paged_decode`, the per-sequence reference
+  loop, would spend a CPU step in Python overhead at 64 sequences x 30 layers; instead the
+  decodes' K/V are gathered with one index op into [n, Lmax, Hkv, D] and attended with one
+  SDPA call and a key mask. Same math, tested against the reference. The gather is pure
+  memory traffic, and padding every row to the longest context would gather up to 2x the
+  real K/V when lengths vary (16..512 in the benchmark). So decodes are grouped: the runner
+  sorts them by context length, and a group is cut when the next length exceeds 1.5x its
+  first one (groups keep at least DECODE_GROUP_MIN rows, to bound the number of calls).
+- "backend": any other backend (Triton) gets `backend.paged_decode`, its own kernel.
 """
 from __future__ import annotations
 
@@ -32,9 +39,20 @@ from dataclasses import dataclass
 import torch
 
 from ..attention import decode_attention
+from . import cpu_decode
 from .kv_cache import PagedKVCache, block_table_tensor
 
 DECODE_GROUP_MIN, DECODE_GROUP_RATIO = 8, 1.5
+DECODE_PATHS = ("kernel", "gather", "backend")
+
+
+def decode_path(backend, kv_cache: PagedKVCache) -> str:
+    """Which decode path the engine takes for this backend and cache (see the module doc)."""
+    if getattr(backend, "name", None) != "torch":
+        return "backend"
+    if cpu_decode.supports(kv_cache.k_caches[0]) and cpu_decode.load_kernel() is not None:
+        return "kernel"
+    return "gather"
 
 
 def _slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -59,8 +77,10 @@ class PagedAttentionMetadata:
 
     @classmethod
     def build(cls, seqs: list[tuple[list[int], int, int]], block_size: int,
-              device: torch.device | str = "cpu") -> "PagedAttentionMetadata":
-        """seqs: (block_table, start, query_len) per sequence, every query_len == 1 first."""
+              device: torch.device | str = "cpu",
+              decode_groups: bool = True) -> "PagedAttentionMetadata":
+        """seqs: (block_table, start, query_len) per sequence, every query_len == 1 first.
+        decode_groups=False skips the gather path's padded slots (the kernels don't read them)."""
         lens = [q for _, _, q in seqs]
         nd = 0
         while nd < len(seqs) and lens[nd] == 1:
@@ -79,7 +99,7 @@ class PagedAttentionMetadata:
         # Decodes: the key at position p < context_len sits in slot _slots(table, p).
         d_ctx, d_tables = starts[:nd] + 1, tables[:nd]
         ctx_list, groups, i = [s + 1 for _, s, _ in seqs[:nd]], [], 0
-        while i < nd:
+        while decode_groups and i < nd:
             j = i + 1
             while j < nd and (j - i < DECODE_GROUP_MIN
                               or ctx_list[j] <= DECODE_GROUP_RATIO * ctx_list[i]):
@@ -119,13 +139,17 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 
 class PagedAttentionContext:
-    """Plugs into `LlamaModel`'s layers: `attend(layer_idx, q, k, v)` over a paged cache."""
+    """Plugs into `LlamaModel`'s layers: `attend(layer_idx, q, k, v)` over a paged cache.
+    path: one of DECODE_PATHS; None picks `decode_path(backend, kv_cache)`."""
 
-    def __init__(self, backend, kv_cache: PagedKVCache, metadata: PagedAttentionMetadata):
+    def __init__(self, backend, kv_cache: PagedKVCache, metadata: PagedAttentionMetadata,
+                 path: str | None = None):
         self.backend, self.kv_cache, self.meta = backend, kv_cache, metadata
-        # The reference TorchBackend loops over sequences in paged_decode; take the
-        # vectorized path instead. Other backends (Triton) get their own kernel.
-        self.fast_torch_decode = getattr(backend, "name", None) == "torch"
+        self.path = decode_path(backend, kv_cache) if path is None else path
+        if self.path not in DECODE_PATHS:
+            raise ValueError(f"path must be one of {DECODE_PATHS} or None, got {path!r}")
+        if self.path == "gather" and metadata.num_decode_tokens and not metadata.decode_groups:
+            raise ValueError("the gather path needs metadata built with decode_groups=True")
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                v: torch.Tensor) -> torch.Tensor:
@@ -138,14 +162,15 @@ class PagedAttentionContext:
         k_cache, v_cache = self.kv_cache.k_caches[layer_idx], self.kv_cache.v_caches[layer_idx]
         nd = m.num_decode_tokens
         parts = []
-        if nd:
-            if self.fast_torch_decode:
-                parts += [decode_attention_gathered(q[i:j], k_cache, v_cache, slots, mask)
-                          for i, j, slots, mask in m.decode_groups]
-            else:
-                parts.append(self.backend.paged_decode(q[:nd], k_cache, v_cache,
-                                                       m.decode_block_tables,
-                                                       m.decode_context_lens))
+        if nd and self.path == "kernel":
+            parts.append(cpu_decode.paged_decode_cpu(q[:nd], k_cache, v_cache,
+                                                     m.decode_block_tables, m.decode_context_lens))
+        elif nd and self.path == "gather":
+            parts += [decode_attention_gathered(q[i:j], k_cache, v_cache, slots, mask)
+                      for i, j, slots, mask in m.decode_groups]
+        elif nd:
+            parts.append(self.backend.paged_decode(q[:nd], k_cache, v_cache,
+                                                   m.decode_block_tables, m.decode_context_lens))
         if nd < q.shape[0]:
             hkv, dim = k_cache.shape[2], k_cache.shape[3]
             keys = k_cache.view(-1, hkv, dim).index_select(0, m.prefill_key_slots)
