@@ -54,11 +54,17 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else None
 
 
-def run_engine(model, reqs, memory_log=None, schedule_log=None, **kw):
+def engine_with(model, reqs, **kw) -> LLMEngine:
+    """An LLMEngine(**kw) holding every request of the workload (greedy, EOS ignored)."""
     engine = LLMEngine(model, **kw)
     for i, r in enumerate(reqs):
         engine.add_request(str(i), r["prompt_ids"],
                            SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True))
+    return engine
+
+
+def run_engine(model, reqs, memory_log=None, schedule_log=None, **kw):
+    engine = engine_with(model, reqs, **kw)
     n, t0 = 0, time.perf_counter()
     while engine.has_unfinished_requests():
         computed, sampled = engine.num_batched_tokens, engine.num_generated_tokens
@@ -89,10 +95,7 @@ def decode_path_ab(model, reqs):
     steps alternate between the C++ kernel and the PyTorch gather path (both exact, so the
     run's tokens do not change). Mean step time per path, over steps with >= 8 decode rows
     and no prefill (decode-only steps of similar batch), and over all steps."""
-    engine = LLMEngine(model, max_num_seqs=64, decode_path="kernel")
-    for i, r in enumerate(reqs):
-        engine.add_request(str(i), r["prompt_ids"],
-                           SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True))
+    engine = engine_with(model, reqs, max_num_seqs=64, decode_path="kernel")
     times = {"kernel": [], "gather": []}
     while engine.has_unfinished_requests():
         path = "kernel" if engine.num_steps % 2 == 0 else "gather"

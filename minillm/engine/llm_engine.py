@@ -38,7 +38,6 @@ from collections.abc import Sequence
 import torch
 
 from ..paged.block_manager import BlockManager
-from ..paged.context import DECODE_PATHS
 from ..paged.kv_cache import PagedKVCache
 from .model_runner import ModelRunner, sample_tokens
 from .request import Request, RequestMetrics, RequestOutput, RequestStatus, SamplingParams
@@ -68,9 +67,6 @@ class LLMEngine:
                  scheduling: str = "continuous", max_model_len: int | None = None,
                  decode_path: str | None = None):
         cfg = model.config
-        if decode_path not in (None, *DECODE_PATHS):
-            raise ValueError(f"decode_path must be None (choose) or one of {DECODE_PATHS}, "
-                             f"got {decode_path!r}")
         self.model, self.tokenizer = model, tokenizer
         self.max_model_len = max_model_len or cfg.max_position_embeddings
         if not 1 <= self.max_model_len <= cfg.max_position_embeddings:

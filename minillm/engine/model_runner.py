@@ -27,8 +27,9 @@ from .scheduler import SchedulerOutput
 class ModelRunner:
     def __init__(self, model, kv_cache: PagedKVCache, block_manager, path: str | None = None):
         self.model, self.kv_cache, self.block_manager = model, kv_cache, block_manager
-        # How decode rows attend (see minillm.paged.context): fixed for the engine's life.
-        self.decode_path = path or decode_path(model.attn_backend, kv_cache)
+        # How decode rows attend (see minillm.paged.context); read at every step, so the
+        # serving benchmark can alternate it between steps.
+        self.decode_path = decode_path(model.attn_backend, kv_cache, path)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:

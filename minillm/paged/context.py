@@ -46,8 +46,14 @@ DECODE_GROUP_MIN, DECODE_GROUP_RATIO = 8, 1.5
 DECODE_PATHS = ("kernel", "gather", "backend")
 
 
-def decode_path(backend, kv_cache: PagedKVCache) -> str:
-    """Which decode path the engine takes for this backend and cache (see the module doc)."""
+def decode_path(backend, kv_cache: PagedKVCache, requested: str | None = None) -> str:
+    """The decode path for this backend and cache (see the module doc): `requested` if given
+    (checked), else the fastest one available."""
+    if requested is not None:
+        if requested not in DECODE_PATHS:
+            raise ValueError(f"decode_path must be None (choose) or one of {DECODE_PATHS}, "
+                             f"got {requested!r}")
+        return requested
     if getattr(backend, "name", None) != "torch":
         return "backend"
     if cpu_decode.supports(kv_cache.k_caches[0]) and cpu_decode.load_kernel() is not None:
@@ -145,9 +151,7 @@ class PagedAttentionContext:
     def __init__(self, backend, kv_cache: PagedKVCache, metadata: PagedAttentionMetadata,
                  path: str | None = None):
         self.backend, self.kv_cache, self.meta = backend, kv_cache, metadata
-        self.path = decode_path(backend, kv_cache) if path is None else path
-        if self.path not in DECODE_PATHS:
-            raise ValueError(f"path must be one of {DECODE_PATHS} or None, got {path!r}")
+        self.path = decode_path(backend, kv_cache, path)
         if self.path == "gather" and metadata.num_decode_tokens and not metadata.decode_groups:
             raise ValueError("the gather path needs metadata built with decode_groups=True")
 

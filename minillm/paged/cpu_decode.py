@@ -73,22 +73,18 @@ def paged_decode_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     k_cache / v_cache [num_blocks, block_size, Hkv, D] fp32; block_tables [B, max_blocks]
     and context_lens [B] (any integer dtype). Raises RuntimeError if the kernel is not
-    available here (check `load_kernel()` first) and ValueError on bad arguments."""
+    available here (check `load_kernel()` first) and ValueError on bad arguments (the
+    kernel checks devices, dtypes, shapes and every index it will follow)."""
     kernel = load_kernel()
     if kernel is None:
         raise RuntimeError("the CPU paged-decode kernel is not available here (switched off "
                            "by MINILLM_CPU_KERNEL=0, or it failed to build: see the warning)")
-    if not (supports(k_cache) and supports(v_cache)):
-        raise ValueError(f"paged_decode_cpu needs fp32 CPU caches with head_dim % 8 == 0; got "
-                         f"{k_cache.dtype} on {k_cache.device}, shape {tuple(k_cache.shape)}")
-    if q.dtype != torch.float32 or q.device.type != "cpu":
-        raise ValueError(f"paged_decode_cpu needs an fp32 CPU q; got {q.dtype} on {q.device}")
     scale = q.shape[-1] ** -0.5 if sm_scale is None else float(sm_scale)
     try:
         return kernel.paged_decode_cpu(q.contiguous(), k_cache, v_cache,
                                        block_tables.to(torch.int32).contiguous(),
                                        context_lens.to(torch.int32).contiguous(), scale)
-    except RuntimeError as e:  # the kernel's argument checks (TORCH_CHECK)
+    except RuntimeError as e:  # the kernel's argument checks (TORCH_CHECK) raise these
         raise ValueError(str(e).splitlines()[0]) from None
 
 
