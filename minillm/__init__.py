@@ -16,6 +16,6 @@ from .generate import generate, generate_batch, generate_stream
 from .kv_cache import KVCache
 
 __all__ += ["generate", "generate_batch", "generate_stream", "KVCache"]
-from .engine import LLMEngine, RequestOutput, SamplingParams
+from .engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams
 
-__all__ += ["LLMEngine", "RequestOutput", "SamplingParams"]
+__all__ += ["EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams"]

@@ -51,10 +51,6 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    @property
-    def num_queries_per_kv(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
     def num_params(self, include_embedding: bool = True) -> int:
         """Parameter count. Tied embeddings are counted once."""
         d, f = self.hidden_size, self.intermediate_size
@@ -68,9 +64,11 @@ class ModelConfig:
                 total += self.vocab_size * d
         return total
 
-    def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
-        """K and V, every layer: 2 * layers * kv_heads * head_dim * bytes."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+    def kv_bytes_per_token(self, dtype_bytes: float = 4) -> float:
+        """K and V, every layer (`calc.kv_cache_bytes_per_token`, the one formula)."""
+        from . import calc
+        return calc.kv_cache_bytes_per_token(self.num_layers, self.num_kv_heads,
+                                             self.head_dim, dtype_bytes)
 
     # Presets ------------------------------------------------------------------------
     @classmethod

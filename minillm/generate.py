@@ -21,37 +21,16 @@ import torch
 
 from .attention import ContiguousCacheContext, NoCacheContext
 from .kv_cache import KVCache
+from .prompts import check_context_length, check_prompt, stop_token_set
 from .sampling import make_generator, sample_next, validate_sampling
 
 
 def _check_request(model, prompt_ids, max_new_tokens) -> list[int]:
-    if isinstance(prompt_ids, torch.Tensor):
-        prompt_ids = prompt_ids.flatten().tolist()
-    if not isinstance(prompt_ids, (list, tuple)) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
-        raise TypeError("prompt_ids must be a list of ints (token ids); encode text with "
-                        "tokenizer.encode(...) first")
-    if len(prompt_ids) == 0:
-        raise ValueError("prompt_ids is empty: give at least one token")
-    vocab = model.config.vocab_size
-    bad = [t for t in prompt_ids if not 0 <= t < vocab]
-    if bad:
-        raise ValueError(f"token ids must lie in [0, {vocab}), got {bad[:5]}")
+    prompt = check_prompt(prompt_ids, model.config.vocab_size)
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    limit = model.config.max_position_embeddings
-    if len(prompt_ids) + max_new_tokens > limit:
-        raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_new_tokens={max_new_tokens} "
-                         f"exceeds the context length of {limit} tokens; shorten the prompt or "
-                         f"ask for at most {max(limit - len(prompt_ids), 0)} new tokens")
-    return list(prompt_ids)
-
-
-def _stop_ids(model, stop_token_ids, ignore_eos) -> set[int]:
-    stops = set(stop_token_ids or ())
-    if not ignore_eos and model.config.eos_token_id is not None:
-        stops.add(model.config.eos_token_id)
-    return stops
+    check_context_length(len(prompt), max_new_tokens, model.config.max_position_embeddings)
+    return prompt
 
 
 @torch.inference_mode()
@@ -74,7 +53,7 @@ def generate_stream(model, prompt_ids, max_new_tokens: int, temperature: float =
     validate_sampling(temperature, top_k, top_p)
     if max_new_tokens == 0:
         return
-    stops = _stop_ids(model, stop_token_ids, ignore_eos)
+    stops = stop_token_set(stop_token_ids, model.config.eos_token_id, ignore_eos)
     device = model.device
     generator = make_generator(seed)
     tokens = torch.tensor([prompt], device=device)
@@ -132,13 +111,11 @@ def generate_batch(model, prompts: Sequence[Sequence[int]], max_new_tokens, temp
         raise ValueError(f"got {len(limits)} max_new_tokens values for {len(prompts)} prompts")
     prompts = [_check_request(model, p, n) for p, n in zip(prompts, limits)]
     validate_sampling(temperature, top_k, top_p)
-    stops = _stop_ids(model, stop_token_ids, ignore_eos)
+    stops = stop_token_set(stop_token_ids, model.config.eos_token_id, ignore_eos)
     B, device = len(prompts), model.device
     P = max(len(p) for p in prompts)
     steps = max(limits)
-    if P + steps > model.config.max_position_embeddings:
-        raise ValueError(f"padded prompt length {P} + {steps} new tokens exceeds the context "
-                         f"length {model.config.max_position_embeddings}")
+    check_context_length(P, steps, model.config.max_position_embeddings)  # padded length
     generators = [make_generator(None if seed is None else seed + i) for i in range(B)]
 
     pad_id = model.config.eos_token_id or 0

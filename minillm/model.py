@@ -2,11 +2,17 @@
 
     x = embed(ids)
     for each layer:  x = x + Attn(RMSNorm(x));  x = x + MLP(RMSNorm(x))
-    logits = RMSNorm(x) @ embed.T          (the LM head is tied to the embedding)
+    h = RMSNorm(x)                         hidden_states()
+    logits = lm_head(h)                    compute_logits(): lm_head shares embed's weight
 
 `model(input_ids[B, T]) -> logits[B, T, V]` runs the whole sequence with no cache. Callers
 that keep a cache pass `positions` and an attention context (see `minillm.attention`),
-which decides where K/V live and which backend computes attention.
+which decides where K/V live and which backend computes attention. Callers that need the
+logits of a few rows only (the serving engine) call `hidden_states`, pick the rows, then
+`compute_logits` on those.
+
+Every weight product goes through a `minillm.layers.Linear` (the four projections of each
+layer and the LM head), so quantized or sharded linears replace modules, not this file.
 
 Two fusions keep batch-1 decode close to the memory roofline on a CPU: q|k|v is one matrix
 (`qkv_proj`) and gate|up is one matrix (`gate_up_proj`), so each layer does four matrix
@@ -20,6 +26,7 @@ import torch.nn.functional as F
 
 from .attention import NoCacheContext, get_backend
 from .config import ModelConfig
+from .layers import Linear
 
 
 class RMSNorm(nn.Module):
@@ -66,9 +73,8 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.qkv_proj = nn.Linear(config.hidden_size, config.q_size + 2 * config.kv_size,
-                                  bias=False)
-        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, config.q_size + 2 * config.kv_size)
+        self.o_proj = Linear(config.q_size, config.hidden_size)
 
     def qkv(self, x, cos, sin):
         """Project and rotate: q [B,T,Hq,D], k/v [B,T,Hkv,D]. Exposed for Lab 02."""
@@ -92,9 +98,8 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size,
-                                      bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, x):
         gate_up = self.gate_up_proj(x)
@@ -122,8 +127,10 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
-            config.hidden_size, config.vocab_size, bias=False)
+        # Tied: the head shares the embedding's Parameter (one tensor, no copy), but is its
+        # own module, so it can be swapped, quantized or sharded like any other Linear.
+        self.lm_head = Linear(config.hidden_size, config.vocab_size,
+                              self.embed_tokens.weight if config.tie_word_embeddings else None)
         cos, sin = rope_cos_sin(config.head_dim, config.max_position_embeddings,
                                 config.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -157,23 +164,22 @@ class LlamaModel(nn.Module):
                 p.copy_((1.0 + noise) if name.endswith("norm.weight") else noise)
         return self
 
-    def use_matvec_layout(self) -> "LlamaModel":
-        """Store every weight matrix with its longer side contiguous in memory. Same values.
+    def tie_weights(self) -> "LlamaModel":
+        """Point the LM head at the embedding's Parameter again (tied models only). Needed
+        after anything that assigns `embed_tokens.weight` anew, such as loading with
+        `load_state_dict(..., assign=True)`."""
+        if self.config.tie_word_embeddings and isinstance(self.lm_head, Linear):
+            self.lm_head.weight = self.embed_tokens.weight
+        return self
 
-        Batch-1 decode does one matrix-vector product per weight, and on a CPU its speed is
-        how fast the matrix streams from memory. BLAS matvecs stream long contiguous rows
-        faster than short ones, so gate|up [3072, 576] and the tied 49152 x 576 LM head run
-        faster stored as [in, out], and down_proj [576, 1536] as it is
-        (`benchmarks/matvec_layout.py` measures each shape both ways). `weight` keeps its
-        [out, in] shape, as a transposed view where needed, so `F.linear` and everything
-        that reads the weights are unchanged.
-        """
-        with torch.no_grad():
-            for module in self.modules():
-                if isinstance(module, (nn.Linear, nn.Embedding)):
-                    w = module.weight  # Linear [out, in]; Embedding (= tied LM head) [V, d]
-                    if w.shape[0] >= w.shape[1] and not w.t().is_contiguous():
-                        module.weight = nn.Parameter(w.t().contiguous().t(), requires_grad=False)
+    def use_matvec_layout(self) -> "LlamaModel":
+        """Every float `Linear` stores its weight with the longer side contiguous (see
+        `Linear.use_matvec_layout` for why). Same values, same shapes, same outputs."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.use_matvec_layout()
+        if self.config.tie_word_embeddings and isinstance(self.lm_head, Linear):
+            self.embed_tokens.weight = self.lm_head.weight  # keep the tie: one tensor
         self._compiled_run = None  # compiled against the old tensors
         return self
 
@@ -190,6 +196,22 @@ class LlamaModel(nn.Module):
         positions [B, T] default to 0..T-1. ctx defaults to full causal attention with no
         cache, computed by this model's backend.
         """
+        positions, ctx = self._check_inputs(input_ids, positions, ctx)
+        return self.run(input_ids, positions, ctx, last_only)
+
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
+                      ctx=None) -> torch.Tensor:
+        """input_ids [B, T] -> h [B, T, hidden]: the last layer's output after the final
+        norm, i.e. what the LM head reads. Same arguments as `forward`."""
+        positions, ctx = self._check_inputs(input_ids, positions, ctx)
+        return self.norm(self._run_layers(input_ids, positions, ctx))
+
+    def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h [..., hidden] (rows of `hidden_states`, any leading shape) -> logits [..., V].
+        Pick the rows first: the LM head is the model's largest matrix."""
+        return self.lm_head(h)
+
+    def _check_inputs(self, input_ids: torch.Tensor, positions, ctx):
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [batch, seq_len], got shape "
                              f"{tuple(input_ids.shape)}")
@@ -201,20 +223,23 @@ class LlamaModel(nn.Module):
             positions = torch.arange(T, device=input_ids.device).expand(B, T)
         else:
             self.check_positions(positions)
-        if ctx is None:
-            ctx = NoCacheContext(self.attn_backend)
-        return self.run(input_ids, positions, ctx, last_only)
+        return positions, NoCacheContext(self.attn_backend) if ctx is None else ctx
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx,
-            last_only: bool = False) -> torch.Tensor:
-        """The forward math with no argument checks: what `compiled_run` compiles."""
+    def _run_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
+        """Embedding and decoder layers, before the final norm; no argument checks."""
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         x = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, ctx, i)
+        return x
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx,
+            last_only: bool = False) -> torch.Tensor:
+        """The forward math with no argument checks: what `compiled_run` compiles."""
+        x = self._run_layers(input_ids, positions, ctx)
         if last_only:
-            x = x[:, -1:]
-        return self.logits(self.norm(x))
+            x = x[:, -1:]  # norm and LM head on the last row only
+        return self.compute_logits(self.norm(x))
 
     def compiled_run(self):
         """`run` compiled by `torch.compile` (built once per model, then reused).
@@ -230,10 +255,6 @@ class LlamaModel(nn.Module):
         if self._compiled_run is None:
             self._compiled_run = torch.compile(self.run, dynamic=True)
         return self._compiled_run
-
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h, weight)
 
 
 def load_model(dtype: torch.dtype = torch.float32, device=None, attn_backend="torch"):
@@ -253,7 +274,13 @@ def load_model(dtype: torch.dtype = torch.float32, device=None, attn_backend="to
     with torch.device("meta"):
         model = LlamaModel(config, attn_backend=attn_backend)
     tensors = {k: torch.from_numpy(v) for k, v in state.items()}
-    model.load_state_dict(tensors, strict=False, assign=True)
+    result = model.load_state_dict(tensors, strict=False, assign=True)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(result.missing_keys) - tied or result.unexpected_keys:
+        raise ValueError(f"the GGUF's tensors do not match the model: missing "
+                         f"{sorted(set(result.missing_keys) - tied)}, unexpected "
+                         f"{sorted(result.unexpected_keys)}")
+    model.tie_weights()  # assign=True gave embed_tokens a new Parameter
     cos, sin = rope_cos_sin(config.head_dim, config.max_position_embeddings, config.rope_theta)
     model.rope_cos, model.rope_sin = cos, sin
     model = model.to(device=device or "cpu", dtype=dtype)

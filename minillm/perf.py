@@ -13,6 +13,10 @@ Invariants:
 - Timings are medians. On CUDA, work is timed with CUDA events after a synchronize.
 - The cache file is keyed by device name and torch thread count, and reused only if it was
   measured with the same sizes.
+
+The device and dtype choice (``minillm.devices``) and the timer (``minillm.timing``) are
+re-exported here: ``perf.time_fn``, ``perf.default_device``, ``perf.default_dtype``,
+``perf.device_name``.
 """
 
 from __future__ import annotations
@@ -22,16 +26,15 @@ import datetime
 import json
 import math
 import os
-import platform
 import re
-import statistics
-import subprocess
 import time
 import warnings
 from pathlib import Path
-from typing import Callable
 
 import torch
+
+from .devices import _dtype_key, _resolve, default_device, default_dtype, device_name  # noqa: F401
+from .timing import time_fn
 
 CACHE_ENV = "MINILLM_CACHE_DIR"
 
@@ -48,111 +51,7 @@ _DEFAULT_REPEATS = 10
 _BUDGET_S = 1.0  # rough seconds allowed per kernel measurement; repeats shrink to fit
 
 
-# --------------------------------------------------------------------------- devices and dtypes
-
-
-def default_device() -> torch.device:
-    """CUDA if a GPU is visible, else CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _resolve(device) -> torch.device:
-    dev = default_device() if device is None else torch.device(device)
-    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
-        dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
-
-
-def default_dtype(device=None) -> torch.dtype:
-    """The dtype the engine runs in on ``device``: bf16 on CUDA, fp32 elsewhere.
-
-    GPUs since Ampere have bf16 tensor cores: half the bytes of fp32 at many times the
-    FLOP/s, with fp32's exponent range (no overflow). Common CPUs have no native bf16
-    arithmetic: bf16 matmuls are emulated several times slower than fp32 (fp16 ones ~100x
-    slower), so fp32 is the safe default there. (Batch-1 decode in bf16 can still win on a
-    CPU, because it is memory-bound and reads half the bytes: a roofline lesson.)
-    """
-    return torch.bfloat16 if _resolve(device).type == "cuda" else torch.float32
-
-
-def _dtype_key(dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def device_name(device=None) -> str:
-    """A human-readable name for ``device``: the GPU model, or the CPU model string."""
-    dev = _resolve(device)
-    if dev.type == "cuda":
-        return torch.cuda.get_device_name(dev)
-    name = _cpu_name()
-    return name if dev.type == "cpu" else f"{dev.type} ({name})"
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    if platform.system() == "Darwin":
-        try:
-            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
-                                 capture_output=True, text=True, timeout=5)
-            if out.stdout.strip():
-                return out.stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-# --------------------------------------------------------------------------- timing
-
-
-def _synchronize(device: torch.device | None) -> None:
-    if device is not None and device.type == "mps":
-        torch.mps.synchronize()
-    elif torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
-def time_fn(fn: Callable[[], object], warmup: int = 2, repeats: int = 10, device=None) -> float:
-    """Median wall time of ``fn()`` in seconds, over ``repeats`` calls after ``warmup`` calls.
-
-    With a CUDA ``device`` each call is timed by CUDA events around it (GPU time, launch
-    queue drained first). Otherwise by ``time.perf_counter``, synchronizing CUDA (if it is
-    in use) or MPS before and after each call so asynchronous work is not missed.
-    """
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an integer >= 0; got {warmup!r}.")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1; got {repeats!r}.")
-    dev = None if device is None else _resolve(device)
-    times = []
-    if dev is not None and dev.type == "cuda":
-        with torch.cuda.device(dev):
-            for _ in range(warmup):
-                fn()
-            torch.cuda.synchronize(dev)
-            for _ in range(repeats):
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)  # ms -> s
-    else:
-        for _ in range(warmup):
-            fn()
-        for _ in range(repeats):
-            _synchronize(dev)
-            t0 = time.perf_counter()
-            fn()
-            _synchronize(dev)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+# --------------------------------------------------------------------------- measurements
 
 
 def _budgeted_median(fn, device: torch.device, repeats: int, budget_s: float = _BUDGET_S) -> float:
@@ -160,9 +59,6 @@ def _budgeted_median(fn, device: torch.device, repeats: int, budget_s: float = _
     first = time_fn(fn, warmup=0, repeats=1, device=device)  # also the warmup
     fit = int(budget_s / max(first, 1e-9))
     return time_fn(fn, warmup=1, repeats=max(1, min(repeats, fit)), device=device)
-
-
-# --------------------------------------------------------------------------- measurements
 
 
 def measure_bandwidth(device=None, num_bytes: int | None = None, repeats: int = _DEFAULT_REPEATS) -> dict[str, float]:

@@ -5,19 +5,7 @@ its `seed`, so the same seed gives the same tokens whatever else runs in the bat
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-
-    def __post_init__(self):
-        validate_sampling(self.temperature, self.top_k, self.top_p)
 
 
 def validate_sampling(temperature, top_k, top_p) -> None:

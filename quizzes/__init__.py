@@ -46,10 +46,11 @@ Cell tags (cell metadata "tags"; JupyterLab: property inspector -> Common Tools)
 
 2. Checks (``quizzes/checks/labNN.py``)
 ---------------------------------------
-One module per lab; every ``@register``-ed function becomes ``check.<name>``
-(names are global across labs; reuse ``check.softmax``/``matvec``/``greedy_pick``
-from ``generic.py`` rather than redefining them). The function describes ONE
-random case; it is run ``cases`` times with fresh seeds::
+One module per lab (or a subpackage ``labNN/`` once it grows long, like ``lab03/``);
+every ``@register``-ed function becomes ``check.<name>`` (names are global across
+labs; reuse ``check.softmax``/``matvec``/``greedy_pick`` from ``generic.py`` rather
+than redefining them). The function describes ONE random case; it is run ``cases``
+times with fresh seeds::
 
     from quizzes.checks import register
 

@@ -24,115 +24,31 @@ submission ``OUT/<student>/<name>.graded.ipynb`` (the run, with outputs) and
 ``.feedback.txt``; prints a summary. Exit code 0 unless nothing could be graded
 because the release notebooks are missing.
 
+Here: running and scoring one notebook, and the command. Finding, matching and
+assembling submissions is ``quizzes.submissions``; the rows, ``scores.csv``, the
+feedback files and the summary are ``quizzes.scores`` (both re-exported here).
+
 Caveat: submissions are arbitrary code; grade inside a throwaway container.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import csv
 import os
-import re
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import nbformat
 
-from .release import Layout, layout, tag_value
+from .release import Layout, layout
+from .scores import CSV_FIELDS, Outcome, Row, summary, write_feedback, write_scores
+from .submissions import assemble, find_submissions, match_release, student_exercises, student_name
 
-CSV_FIELDS = ["student", "submission", "notebook", "exercise", "points", "max_points", "status", "detail"]
-
-
-@dataclass
-class Row:
-    student: str
-    submission: str
-    notebook: str
-    exercise: str
-    points: float
-    max_points: float
-    status: str  # pass | partial | fail | not implemented | missing | error | timeout | unreadable | unmatched
-    detail: str = ""
-
-
-@dataclass
-class Outcome:
-    """What happened to one submission."""
-
-    rows: list[Row]
-    graded: object | None = None  # the executed notebook
-    passes: int = 0
-    notes: list[str] = field(default_factory=list)
-
-
-# ----------------------------------------------------------------------- matching
-
-
-def match_release(path: Path, releases: dict[str, Path]) -> Path | None:
-    name = path.name.lower()
-    hits = [stem for stem in releases if stem.lower() in name]
-    if hits:
-        return releases[max(hits, key=len)]
-    m = re.search(r"(?<!\d)(\d\d)-", path.name)
-    if m:
-        same = [stem for stem in releases if stem.startswith(m.group(1) + "-")]
-        if len(same) == 1:
-            return releases[same[0]]
-    return None
-
-
-def student_name(path: Path, root: Path, release_stem: str | None) -> str:
-    rel = path.relative_to(root)
-    if len(rel.parts) > 1:
-        return "/".join(rel.parts[:-1])
-    stem = path.stem
-    if release_stem:
-        rest = re.sub(re.escape(release_stem), "", stem, flags=re.I).strip(" -_.()")
-        if rest:
-            return rest
-    return stem
-
-
-# ----------------------------------------------------------------------- assembling
-
-
-def student_exercises(student_nb, release_nb, lay: Layout) -> tuple[dict[str, str], set[str]]:
-    """Source of each exercise from the student's notebook, and the ids not found."""
-    found: dict[str, list[str]] = {}
-    for cell in student_nb.cells:
-        if cell.get("cell_type") != "code":
-            continue
-        ex = tag_value(cell, "exercise")
-        if ex in lay.exercise_cell:
-            found.setdefault(ex, []).append(cell.source)
-    by_id = {c.get("id"): c for c in student_nb.cells if c.get("cell_type") == "code" and c.get("id")}
-    missing: set[str] = set()
-    for ex, idx in lay.exercise_cell.items():
-        if ex in found:
-            continue
-        rid = release_nb.cells[idx].get("id")
-        if rid in by_id and tag_value(by_id[rid], "check") is None:  # tag removed, cell kept
-            found[ex] = [by_id[rid].source]
-        else:
-            missing.add(ex)
-    return {ex: "\n\n".join(srcs) for ex, srcs in found.items()}, missing
-
-
-def assemble(release_nb, lay: Layout, sources: dict[str, str], stubbed: set[str], blanked: set[int]):
-    nb = copy.deepcopy(release_nb)
-    for ex, idx in lay.exercise_cell.items():
-        if ex in sources and ex not in stubbed:
-            nb.cells[idx].source = sources[ex]
-    for idx in blanked:
-        nb.cells[idx].source = "# (the grader skipped this cell: it timed out in an earlier run)"
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-    return nb
+__all__ = ["grade_all", "grade_notebook", "execute", "main",
+           "CSV_FIELDS", "Row", "Outcome", "summary",  # from .scores
+           "find_submissions", "match_release", "student_name", "student_exercises", "assemble"]  # from .submissions
 
 
 # ----------------------------------------------------------------------- running
@@ -293,12 +209,6 @@ def _grade_one(args: tuple) -> tuple[str, Outcome]:
     return str(path), out
 
 
-def find_submissions(root: Path) -> list[Path]:
-    if root.is_file():
-        return [root]
-    return sorted(p for p in root.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
-
-
 def grade_all(submissions: Path, release_dir: Path, out_dir: Path, timeout: float = 300,
               setup_timeout: float = 600, jobs: int = 1, cwd: Path | None = None, log=print) -> list[Row]:
     releases = {p.stem: p for p in sorted(release_dir.glob("*.ipynb"))}
@@ -319,56 +229,11 @@ def grade_all(submissions: Path, release_dir: Path, out_dir: Path, timeout: floa
     rows: list[Row] = []
     for path_str, outcome in results:
         rows.extend(outcome.rows)
-        _write_feedback(Path(path_str), root, out_dir, outcome)
-    with open(out_dir / "scores.csv", "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        w.writeheader()
-        for r in rows:
-            w.writerow(asdict(r))
+        write_feedback(Path(path_str), root, out_dir, outcome)
+    write_scores(rows, out_dir / "scores.csv")
     log(summary(rows))
     log(f"\nwrote {out_dir / 'scores.csv'}")
     return rows
-
-
-def _safe(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "submission"
-
-
-def _write_feedback(path: Path, root: Path, out_dir: Path, outcome: Outcome) -> None:
-    if not outcome.rows:
-        return
-    r0 = outcome.rows[0]
-    dest = out_dir / _safe(r0.student)
-    dest.mkdir(parents=True, exist_ok=True)
-    stem = _safe(path.stem)
-    if outcome.graded is not None:
-        nbformat.write(outcome.graded, dest / f"{stem}.graded.ipynb")
-    lines = [f"{r0.submission} ({r0.notebook})"]
-    total = sum(r.points for r in outcome.rows)
-    most = sum(r.max_points for r in outcome.rows)
-    lines.append(f"score: {total:g} / {most:g}")
-    for r in outcome.rows:
-        lines.append(f"- {r.exercise}: {r.points:g}/{r.max_points:g} {r.status}" + (f" — {r.detail}" if r.detail else ""))
-    lines += [f"  note: {n}" for n in outcome.notes]
-    (dest / f"{stem}.feedback.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-def summary(rows: list[Row]) -> str:
-    by_sub: dict[str, list[Row]] = {}
-    for r in rows:
-        by_sub.setdefault(r.submission, []).append(r)
-    width = max([len(s) for s in by_sub] + [10])
-    out = [f"{'submission':<{width}}  {'notebook':<16} {'score':>9}  exercises"]
-    mark = {"pass": "✓", "partial": "½", "timeout": "⏱"}
-    for sub, rs in by_sub.items():
-        if rs[0].status in ("unreadable", "unmatched"):
-            out.append(f"{sub:<{width}}  {rs[0].notebook:<16} {'-':>9}  {rs[0].status}: {rs[0].detail[:80]}")
-            continue
-        score = f"{sum(r.points for r in rs):g}/{sum(r.max_points for r in rs):g}"
-        parts = [f"{r.exercise} {mark.get(r.status, '✗')}" + ("" if r.status == "pass" else f" ({r.status})")
-                 for r in rs]
-        out.append(f"{sub:<{width}}  {rs[0].notebook:<16} {score:>9}  " + ", ".join(parts))
-    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""The C++ CPU paged-decode kernel (minillm.paged.cpu_decode) == the PyTorch reference.
+"""The C++ CPU paged-decode kernel (minillm.attention.cpu_decode) == the PyTorch reference.
 
 Same setting as test_paged_attention: scattered blocks, noise in every block nobody owns,
 context lengths around block boundaries, GQA and MHA. These tests do not skip when the
@@ -8,9 +8,8 @@ silent fallback would hide a broken kernel behind the slower path.
 import pytest
 import torch
 
-from minillm.attention import TorchBackend
-from minillm.paged import PagedKVCache, block_table_tensor, cpu_decode, paged_decode_attention_ref
-from minillm.paged.context import decode_path
+from minillm.attention import TorchBackend, cpu_decode, decode_path, paged_decode_attention_ref
+from minillm.paged import PagedKVCache, block_table_tensor
 from test_paged_attention import CONTEXT_LENS, D, HKV, TOL, contiguous_attention, setup_sequences
 
 

@@ -16,8 +16,9 @@ import torch
 import minillm
 from minillm import LlamaModel, ModelConfig
 from minillm.engine import LLMEngine, SamplingParams
-from minillm.paged import PagedKVCache, paged_decode_attention_ref, paged_prefill_attention_ref
-from minillm.paged.context import PagedAttentionContext, PagedAttentionMetadata
+from minillm.attention import (PagedAttentionContext, PagedAttentionMetadata,
+                               paged_decode_attention_ref, paged_prefill_attention_ref)
+from minillm.paged import PagedKVCache
 
 BS = 4
 
@@ -312,3 +313,136 @@ def test_real_model_matches_generate(smollm):
     engine = LLMEngine(model, num_blocks=64, max_num_batched_tokens=48)
     assert run(engine, prompts, params, check_every_step=False) == ref
     assert engine.prefix_cache_hit_rate() > 0  # the chat template's common start
+
+
+# ---- prefix caching for requests admitted together; blocks reserved per chunk ----------
+def shared_prefix_prompts(n=6, prefix_len=80, seed=3):
+    """One 80-token "system prompt", then a short question of each request's own."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(3, 128) for _ in range(prefix_len)]
+    return [prefix + [rng.randrange(3, 128) for _ in range(rng.randint(3, 12))]
+            for _ in range(n)]
+
+
+def test_requests_admitted_together_share_their_prefix(model):
+    prompts = shared_prefix_prompts()
+    sp = SamplingParams(max_tokens=8, ignore_eos=True)
+    ref = reference(model, prompts, [sp] * len(prompts))
+    computed = {}
+    for caching in (True, False):
+        engine = LLMEngine(model, num_blocks=200, block_size=16, enable_prefix_caching=caching)
+        assert engine.generate(prompts, sp) == ref
+        s = engine.stats()
+        computed[caching] = s["num_computed_prompt_tokens"]
+        if caching:
+            # All six are admitted in the first step; the first computes the prefix, the
+            # other five hit its 5 full blocks in that same step.
+            assert engine.num_steps == 8
+            assert engine.prefix_cache_hit_rate() > 0.5
+            assert s["num_computed_prompt_tokens"] == sum(map(len, prompts)) - 5 * 80
+        assert engine.num_free_blocks() == 200
+        engine.block_manager.check_invariants()
+    assert computed[False] == sum(map(len, prompts))
+    assert computed[True] < computed[False]
+
+
+def test_blocks_are_reserved_per_chunk(model):
+    engine = LLMEngine(model, num_blocks=64, block_size=BS, max_num_batched_tokens=16)
+    engine.add_request("a", list(range(3, 43)), SamplingParams(max_tokens=2))  # 40 tokens
+    engine.step()  # the first 16-token chunk: 4 blocks, not the prompt's 10
+    assert len(engine.block_manager.get_block_table(("a", 0))) == 4
+    assert engine.stats()["num_kv_tokens"] == 16
+    engine.step()
+    assert len(engine.block_manager.get_block_table(("a", 0))) == 8
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.num_free_blocks() == 64
+
+
+@pytest.mark.parametrize("num_blocks", [24, 30])
+def test_per_chunk_allocation_under_a_tiny_pool(model, workload, num_blocks):
+    """Chunks and decodes compete for a pool far too small for the workload: requests are
+    preempted mid-prefill and mid-decode, and every output is still exact."""
+    prompts, params, ref = workload
+    engine = LLMEngine(model, num_blocks=num_blocks, block_size=BS, max_num_batched_tokens=12,
+                       max_num_seqs=6)
+    assert run(engine, prompts, params) == ref
+    assert engine.stats()["num_preemptions"] > 0
+    assert engine.num_free_blocks() == num_blocks
+
+
+def test_admission_keeps_the_watermark_free(model):
+    engine = LLMEngine(model, num_blocks=100, block_size=BS, watermark=0.2)  # keep 20 free
+    assert engine.config.watermark_blocks() == 20
+    engine.add_request("a", [5] * 200, SamplingParams(max_tokens=4))  # 50 blocks
+    engine.add_request("b", [6] * 160, SamplingParams(max_tokens=1))  # 40 blocks
+    engine.step()
+    # a is admitted (nothing was running); b would leave 10 < 20 free, so it waits.
+    assert [r.request_id for r in engine.scheduler.running] == ["a"]
+    assert [r.request_id for r in engine.scheduler.waiting] == ["b"]
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.num_free_blocks() == 100
+
+
+def test_a_failed_forward_pass_loses_nothing(model, monkeypatch):
+    """If the model raises mid-step (a KeyboardInterrupt in a notebook), the step is undone:
+    its requests wait again, its blocks are free, and no block whose KV was never written
+    stays in the prefix cache. The engine then finishes with exact outputs."""
+    prompts = shared_prefix_prompts(n=3, prefix_len=24)
+    sp = SamplingParams(max_tokens=4, ignore_eos=True)
+    ref = reference(model, prompts, [sp] * 3)
+    engine = LLMEngine(model, num_blocks=64, block_size=BS)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, sp)
+    real = engine.runner.execute
+
+    def broken(out):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine.runner, "execute", broken)
+    with pytest.raises(KeyboardInterrupt):
+        engine.step()
+    assert engine.num_free_blocks() == 64
+    assert engine.block_manager.pool.cached_blocks() == {}
+    assert [r.request_id for r in engine.scheduler.waiting] == ["r0", "r1", "r2"]
+    engine.block_manager.check_invariants()
+    monkeypatch.setattr(engine.runner, "execute", real)
+    tokens = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+    assert [tokens[f"r{i}"] for i in range(3)] == ref
+
+
+def test_engine_config_is_the_one_source_of_options(model):
+    config = minillm.EngineConfig(block_size=8, num_blocks=40, max_num_seqs=4,
+                                  max_num_batched_tokens=32, enable_prefix_caching=False)
+    engine = LLMEngine(model, config=config)
+    assert engine.config.block_size == engine.block_manager.block_size == 8
+    assert engine.kv_cache.block_size == 8 and engine.scheduler.max_num_seqs == 4
+    assert engine.config.max_model_len == model.config.max_position_embeddings  # resolved
+    assert engine.config.decode_path == engine.runner.decode_path == "kernel"
+    # The keyword form builds the same config.
+    assert LLMEngine(model, block_size=8, num_blocks=40, max_num_seqs=4,
+                     max_num_batched_tokens=32, enable_prefix_caching=False).config == engine.config
+    with pytest.raises(TypeError, match="either config"):
+        LLMEngine(model, config=config, block_size=4)
+    with pytest.raises(TypeError, match="unknown engine option"):
+        LLMEngine(model, num_block=4)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(block_size=0), r"block_size must be an int >= 1"),
+    (dict(num_blocks=-2), r"num_blocks must be an int >= 1 or None"),
+    (dict(max_num_seqs=2.5), "max_num_seqs"),
+    (dict(max_num_batched_tokens=0), "max_num_batched_tokens"),
+    (dict(enable_prefix_caching="yes"), "enable_prefix_caching must be True or False"),
+    (dict(scheduling="fifo"), r"scheduling \(the batching policy\) must be one of"),
+    (dict(decode_path="fast"), "decode_path must be None"),
+    (dict(watermark=1.5), r"watermark must be a fraction of the pool in \[0, 1\)"),
+    (dict(max_model_len=0), "max_model_len"),
+])
+def test_engine_config_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        minillm.EngineConfig(**kwargs)

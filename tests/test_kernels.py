@@ -21,6 +21,7 @@ import zlib
 import pytest
 import torch
 
+from minillm.attention import paged_decode_attention_ref
 from minillm.kernels import (
     flash_attention,
     flash_attention_varlen,
@@ -195,6 +196,21 @@ def test_flash_attention_varlen_matches_per_sequence_reference(gen, dtype, causa
                      f"sequence {i} (len_q={lens_q[i]}, len_k={lens_k[i]}, causal={causal})")
 
 
+def test_flash_attention_varlen_accepts_int64_cu_seqlens(gen):
+    # torch's default integer dtype is int64; the wrapper converts cu_seqlens to the int32
+    # the kernel reads, so the result is the int32 one, bit for bit.
+    lens_q, lens_k = [1, 17, 3], [30, 17, 3]
+    dtype = DTYPES[0]
+    q = randn(gen, sum(lens_q), 9, 64, dtype=dtype)
+    k = randn(gen, sum(lens_k), 3, 64, dtype=dtype)
+    v = randn(gen, sum(lens_k), 3, 64, dtype=dtype)
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+    want = flash_attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k))
+    got = flash_attention_varlen(q, k, v, cu_q.long(), cu_k.long(), max(lens_q), max(lens_k),
+                                 out=poisoned_like(q))
+    assert torch.equal(got, want), "int64 cu_seqlens give a different result than int32 ones"
+
+
 # ----------------------------------------------------------------------------- paged decode
 
 
@@ -254,6 +270,21 @@ def test_paged_decode_other_block_sizes(gen, block_size, num_splits):
     assert_close(got, torch.stack(outs), dtype, f"block_size={block_size}")
 
 
+def test_paged_decode_accepts_int64_tables_and_lengths(gen):
+    # Block tables and lengths built with torch's default integer dtype (int64) are
+    # converted to int32 by the wrapper: same result as int32 ones, and as the reference.
+    ctx = [1, 15, 16, 17, 40]
+    dtype = DTYPES[0]
+    q, kc, vc, tables, lens = _paged_case(gen, ctx, 9, 3, 16, dtype)
+    tables64, lens64 = tables.long(), lens.long()
+    want = paged_decode_attention(q, kc, vc, tables, lens, num_splits=2)
+    got = paged_decode_attention(q, kc, vc, tables64, lens64, num_splits=2, out=poisoned_like(q))
+    assert tables64.dtype == lens64.dtype == torch.int64  # the caller's tensors are untouched
+    assert torch.equal(got, want), "int64 block_tables/context_lens give a different result than int32"
+    assert_close(got, paged_decode_attention_ref(q, kc, vc, tables64, lens64), dtype,
+                 "int64 block_tables/context_lens vs paged_decode_attention_ref")
+
+
 def test_paged_decode_equals_flash_attention_last_row(gen):
     # The decode kernel is the last query row of causal prefill over the same tokens.
     ctx = [23]
@@ -301,7 +332,7 @@ def test_varlen_rejects_bad_inputs(gen):
     with pytest.raises(ValueError, match=r"Hq=9 query heads must be a multiple of Hkv=4"):
         flash_attention_varlen(q, randn(gen, 10, 4, 64), randn(gen, 10, 4, 64), cu, cu, 6, 6)
     with pytest.raises(ValueError, match=r"cu_seqlens_q must be a 1-D torch.int32"):
-        flash_attention_varlen(q, k, k, cu.long(), cu, 6, 6)
+        flash_attention_varlen(q, k, k, cu.float(), cu, 6, 6)  # any integer dtype is accepted
     if DEVICE == "cpu":  # values are only checked on CPU
         with pytest.raises(ValueError, match=r"pass the true maximum length"):
             flash_attention_varlen(q, k, k, cu, cu, 4, 6)
@@ -316,9 +347,11 @@ def test_paged_decode_rejects_bad_inputs(gen):
     with pytest.raises(ValueError, match=r"Hq=9 query heads must be a multiple of Hkv=2"):
         paged_decode_attention(q, kc[:, :, :2], vc[:, :, :2], tables, lens)
     with pytest.raises(ValueError, match=r"block_tables must be int32"):
-        paged_decode_attention(q, kc, vc, tables.long(), lens)
+        paged_decode_attention(q, kc, vc, tables.float(), lens)  # any integer dtype is accepted
     with pytest.raises(ValueError, match=r"context_lens must be int32 \[B=2\]"):
         paged_decode_attention(q, kc, vc, tables, lens[:1])
+    with pytest.raises(ValueError, match=r"context_lens must be .*another integer dtype.*float32"):
+        paged_decode_attention(q, kc, vc, tables, lens.float())
     if DEVICE == "cpu":
         with pytest.raises(ValueError, match=r"context_lens must be in \[1, max_context_len"):
             paged_decode_attention(q, kc, vc, tables, torch.tensor([0, 20], dtype=torch.int32))

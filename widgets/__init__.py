@@ -22,7 +22,8 @@ Lab 01 (measure once, plot many)::
     widgets.kv_growth.view(model="Llama-2-70B", seq_len=4096)
 """
 from . import attention_variants, batching, block_pool_grid, kv_growth, memory_wall, roofline
-from ._common import MODEL_PRESETS, THIS_MACHINE, ModelSpec
+from ._hardware import THIS_MACHINE
+from ._models import MODEL_PRESETS, ModelSpec
 
 __all__ = ["roofline", "memory_wall", "kv_growth", "attention_variants", "batching",
            "block_pool_grid", "MODEL_PRESETS", "THIS_MACHINE", "ModelSpec"]

@@ -18,9 +18,10 @@ is timed with ``minillm.perf.time_fn`` (median). fp32 on CPU.
     data = attention_variants_data(context_len=4096, batch=4)     # pure: numbers only
     view()                                                        # slider + dropdown
 
-Also here, for the same lab: ``load_memory_benchmark`` / ``format_memory_table`` read the
-naive-vs-tiled peak memory that ``benchmarks/attention.py`` measured (fresh process per
-row, growth of peak RSS during one call) from ``benchmarks/results/attention.json``.
+Also for this lab, re-exported here from ``attention_memory``: ``load_memory_benchmark`` /
+``format_memory_table`` read the naive-vs-tiled peak memory that ``benchmarks/attention.py``
+measured (fresh process per row, growth of peak RSS during one call) from
+``benchmarks/results/attention.json``.
 
 Pure function: ``attention_variants_data``; figure: ``draw_attention_variants``; view:
 ``AttentionVariantsView`` (CSS class ``minillm-attention-variants``).
@@ -28,15 +29,16 @@ Pure function: ``attention_variants_data``; figure: ``draw_attention_variants``;
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
 
 import torch
 
 from minillm import calc
 from minillm.config import ModelConfig
 
-from ._common import FigureView, dtype_bytes, fmt_bytes, fmt_time, new_figure
+from ._format import fmt_bytes, fmt_time
+from ._models import dtype_bytes
+from ._view import FigureView, new_figure
+from .attention_memory import MEMORY_RESULTS, format_memory_table, load_memory_benchmark
 from .kv_growth import VARIANTS, kv_heads_for
 
 __all__ = ["VARIANTS", "CONTEXT_LENS", "BATCH_SIZES", "VariantTiming", "AttentionVariantsData",
@@ -44,7 +46,6 @@ __all__ = ["VARIANTS", "CONTEXT_LENS", "BATCH_SIZES", "VariantTiming", "Attentio
            "draw_attention_variants", "AttentionVariantsView", "view", "MEMORY_RESULTS",
            "load_memory_benchmark", "format_memory_table"]
 
-MEMORY_RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "attention.json"
 CONTEXT_LENS = (256, 512, 1024, 2048, 4096, 8192)
 BATCH_SIZES = (1, 4, 8)
 _COLORS = {"MHA": "#C44E52", "GQA": "#4C72B0", "MQA": "#55A868"}
@@ -284,34 +285,3 @@ class AttentionVariantsView(FigureView):
 def view(**kwargs) -> AttentionVariantsView:
     """The interactive comparison: ``display(view())``; keyword arguments set the start."""
     return AttentionVariantsView(**kwargs)
-
-
-# --------------------------------------------------------------------------- measured memory
-
-
-def load_memory_benchmark(path=None) -> tuple[list[dict], dict]:
-    """(rows, hardware) of the naive-vs-tiled memory measurement in ``benchmarks/attention.py``'s
-    results: each row has ``t``, ``naive_extra_peak_bytes``, ``tiled_extra_peak_bytes`` and
-    ``score_matrix_bytes`` (one fp32 [9, T, T] matrix), measured on CPU with B=1, Hq=9, Hkv=3,
-    D=64, causal. Re-measure with ``python benchmarks/attention.py``."""
-    path = Path(path) if path else MEMORY_RESULTS
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist: run `python benchmarks/attention.py` "
-                                "(from the repository root) to measure it.")
-    report = json.loads(path.read_text(encoding="utf-8"))
-    rows = [r for r in report.get("memory", []) if "naive_extra_peak_bytes" in r]
-    if not rows:
-        raise ValueError(f"{path} holds no CPU naive-vs-tiled memory rows (mode "
-                         f"{report.get('mode')!r}); run `python benchmarks/attention.py` on a CPU.")
-    return rows, report.get("hardware", {})
-
-
-def format_memory_table(rows: list[dict]) -> str:
-    """A text table: T, naive and tiled peak growth, their ratio, one score matrix's size."""
-    lines = [f"{'T':>6} | {'naive':>10} | {'tiled':>10} | {'naive / tiled':>13} | one [9, T, T] fp32 matrix",
-             "-" * 72]
-    for r in rows:
-        naive, tiled = r["naive_extra_peak_bytes"], r["tiled_extra_peak_bytes"]
-        lines.append(f"{r['t']:>6} | {fmt_bytes(naive):>10} | {fmt_bytes(tiled):>10} | "
-                     f"{naive / tiled:>12.1f}× | {fmt_bytes(r['score_matrix_bytes'])}")
-    return "\n".join(lines)

@@ -27,7 +27,7 @@ import functools
 
 import numpy as np
 
-from ._common import COLORS, FigureView, new_figure
+from ._view import COLORS, FigureView, new_figure
 from .batching import SimResult, load_workload, simulate
 
 __all__ = ["PoolRun", "BlockPoolData", "run_pool", "block_pool_data", "draw_block_pool",

@@ -20,8 +20,9 @@ import numpy as np
 
 from minillm import calc, hardware
 
-from ._common import (COLORS, MODEL_PRESETS, FigureView, dtype_bytes, fmt_bytes, model_spec,
-                      new_figure)
+from ._format import fmt_bytes
+from ._models import MODEL_PRESETS, dtype_bytes, model_spec
+from ._view import COLORS, FigureView, new_figure
 
 __all__ = ["VariantCurve", "KVGrowthData", "VARIANTS", "kv_heads_for", "kv_growth_data",
            "draw_kv_growth", "KVGrowthView", "view"]

@@ -26,9 +26,10 @@ import numpy as np
 
 from minillm import calc, hardware
 
-from ._common import (COLORS, MODEL_PRESETS, THIS_MACHINE, FigureView, display_name, dtype_bytes,
-                      fmt_bandwidth, fmt_bytes, fmt_flops, fmt_params, fmt_time, measured_footnote,
-                      model_spec, new_figure, resolve_limits)
+from ._format import fmt_bandwidth, fmt_bytes, fmt_flops, fmt_params, fmt_time
+from ._hardware import THIS_MACHINE, measured_footnote, resolve_limits
+from ._models import MODEL_PRESETS, display_name, dtype_bytes, model_spec
+from ._view import COLORS, FigureView, new_figure
 
 __all__ = ["MemoryWallData", "memory_wall_data", "draw_memory_wall", "MemoryWallView", "view",
            "BATCH_SIZES", "DTYPES"]

@@ -23,7 +23,8 @@ matplotlib.use("Agg")
 from minillm import measure, perf  # noqa: E402
 
 from . import kv_growth, memory_wall, roofline  # noqa: E402
-from ._common import THIS_MACHINE, figure_png  # noqa: E402
+from ._hardware import THIS_MACHINE  # noqa: E402
+from ._view import figure_png  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,8 +24,10 @@ import numpy as np
 
 from minillm import calc, hardware
 
-from ._common import (COLORS, FigureView, Limits, display_name, fmt_bandwidth, fmt_flops,
-                      gpu_limits, machine_limits, measured_footnote, new_figure)
+from ._format import fmt_bandwidth, fmt_flops
+from ._hardware import Limits, gpu_limits, machine_limits, measured_footnote
+from ._models import display_name
+from ._view import COLORS, FigureView, new_figure
 
 __all__ = ["Roof", "RooflinePoint", "RooflineData", "attainable_flops", "decode_crossover_batch",
            "roofline_data", "draw_roofline", "RooflineView", "view", "NO_GPU"]

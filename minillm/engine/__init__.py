@@ -7,9 +7,10 @@
 
 The attention context the runner plugs into the model is `minillm.paged.context`.
 """
+from .config import EngineConfig
 from .llm_engine import LLMEngine
 from .request import RequestMetrics, RequestOutput, RequestStatus, SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 
-__all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "RequestMetrics", "RequestStatus",
+__all__ = ["EngineConfig", "LLMEngine", "SamplingParams", "RequestOutput", "RequestMetrics", "RequestStatus",
            "Scheduler", "SchedulerOutput"]

@@ -1,14 +1,15 @@
 """LLMEngine: continuous batching over a paged KV cache, one `step()` at a time.
 
-    engine = LLMEngine(model)
-    engine.add_request("a", prompt_ids, SamplingParams(max_tokens=32))
+    engine = LLMEngine(model, config=EngineConfig(max_num_seqs=32))   # or LLMEngine(model,
+    engine.add_request("a", prompt_ids, SamplingParams(max_tokens=32))  #   max_num_seqs=32)
     while engine.has_unfinished_requests():
         for out in engine.step(): ...        # RequestOutput: new tokens, finished, reason
 
-A step is: `Scheduler.schedule` (who runs, how many tokens) -> `ModelRunner.execute` (one
-forward pass, logits of the sampling rows) -> `Scheduler.advance` (num_computed_tokens,
-prefix cache) -> fork n > 1 samples -> `sample_tokens` -> `Scheduler.append_tokens`
-(stop checks, free finished blocks).
+A step (`minillm.engine.step.run_step`) is: `Scheduler.schedule` (who runs, how many
+tokens, blocks, prefix cache) -> `ModelRunner.execute` (one forward pass, logits of the
+sampling rows) -> `Scheduler.advance` (num_computed_tokens) -> fork n > 1 samples ->
+`sample_tokens` -> `Scheduler.append_tokens` (stop checks, free finished blocks). Every option lives in one `EngineConfig`
+(`minillm.engine.config`); `engine.config` is the resolved one in use.
 
 Sizing. `num_blocks=None` sizes the pool from a byte budget: `kv_cache_memory_bytes`, or by
 default half the free GPU memory on CUDA, and on CPU a quarter of the available RAM capped
@@ -21,7 +22,7 @@ prompt then delays the running decodes by at most one such step (~0.5-1 s here) 
 its whole prefill. It is the chunk size the syllabus and vLLM's early chunked-prefill default
 use; on a GPU, 2048-8192 fits the faster matmuls better.
 
-`decode_path` picks how decode rows attend (see `minillm.paged.context`): None chooses
+`decode_path` picks how decode rows attend (see `minillm.attention.paged`): None chooses
 "kernel" (the C++ paged-decode kernel, K/V read in place) on a CPU where it builds, else
 "gather" (PyTorch: gather K/V, then SDPA) with the torch backend, and "backend" (the
 backend's own paged kernel, e.g. Triton) otherwise. The benchmark passes it explicitly.
@@ -34,14 +35,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
 from ..paged.block_manager import BlockManager
 from ..paged.kv_cache import PagedKVCache
+from ..prompts import check_context_length, check_prompt
+from .config import EngineConfig
 from .model_runner import ModelRunner, sample_tokens
-from .request import Request, RequestMetrics, RequestOutput, RequestStatus, SamplingParams
+from .request import Request, RequestMetrics, RequestOutput, SamplingParams
 from .scheduler import Scheduler
+from .step import run_step
 
 DEFAULT_CPU_KV_BYTES = 2 << 30
 
@@ -60,39 +65,62 @@ def default_kv_budget_bytes(device: torch.device) -> int:
 
 
 class LLMEngine:
-    def __init__(self, model, tokenizer=None, num_blocks: int | None = None,
-                 block_size: int = 16, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 512, enable_prefix_caching: bool = True,
-                 chunked_prefill: bool = True, kv_cache_memory_bytes: int | None = None,
-                 scheduling: str = "continuous", max_model_len: int | None = None,
-                 decode_path: str | None = None):
-        cfg = model.config
+    def __init__(self, model, tokenizer=None, config: EngineConfig | None = None, **options):
+        if config is not None and options:
+            raise TypeError(f"pass either config=EngineConfig(...) or keyword options, not "
+                            f"both (got {sorted(options)})")
+        unknown = sorted(set(options) - set(EngineConfig.option_names()))
+        if unknown:
+            raise TypeError(f"unknown engine option(s) {unknown}; the options are "
+                            f"{list(EngineConfig.option_names())}")
         self.model, self.tokenizer = model, tokenizer
-        self.max_model_len = max_model_len or cfg.max_position_embeddings
-        if not 1 <= self.max_model_len <= cfg.max_position_embeddings:
-            raise ValueError(f"max_model_len must be in [1, {cfg.max_position_embeddings}] "
-                             f"(the model's context), got {max_model_len}")
-        if num_blocks is None:
-            budget = kv_cache_memory_bytes or default_kv_budget_bytes(model.device)
-            num_blocks = min(
-                PagedKVCache.num_blocks_for_budget(budget, cfg.num_layers, block_size,
-                                                   cfg.num_kv_heads, cfg.head_dim, model.dtype),
-                max_num_seqs * -(-self.max_model_len // block_size))
-        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
-        self.kv_cache = PagedKVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads,
-                                     cfg.head_dim, model.dtype, model.device)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens,
-                                   chunked_prefill, scheduling)
-        self.runner = ModelRunner(model, self.kv_cache, self.block_manager, decode_path)
+        self.config = config = self._resolve(config or EngineConfig(**options), model)
+        self.block_manager = BlockManager(config.num_blocks, config.block_size,
+                                          config.enable_prefix_caching)
+        cfg = model.config
+        self.kv_cache = PagedKVCache(cfg.num_layers, config.num_blocks, config.block_size,
+                                     cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device)
+        self.scheduler = Scheduler(self.block_manager, config=config)
+        self.runner = ModelRunner(model, self.kv_cache, self.block_manager, config.decode_path)
+        self.config = replace(config, decode_path=self.runner.decode_path)
         self.requests: dict[str, list[Request]] = {}  # unfinished, by request_id
         # Metrics of the most recent finished sequences, oldest first, keyed (request_id,
-        # index). Bounded, so a long-running server does not grow without limit; every
-        # finished RequestOutput also carries its own metrics.
+        # index). Bounded (config.max_finished_metrics), so a long-running server does not
+        # grow without limit; every finished RequestOutput also carries its own metrics.
         self.finished_metrics: dict[tuple[str, int], RequestMetrics] = {}
-        self.max_finished_metrics = 10_000
         self._pending_outputs: list[RequestOutput] = []  # aborts, reported by the next step
         self.num_steps = self.num_batched_tokens = self.num_generated_tokens = 0
+        self.num_computed_prompt_tokens = 0  # prompt tokens run through the model
         self.num_cow_copies = self._num_generate_calls = 0
+
+    @staticmethod
+    def _resolve(config: EngineConfig, model) -> EngineConfig:
+        """Fill in what depends on the model: max_model_len and num_blocks."""
+        cfg = model.config
+        max_model_len = config.max_model_len or cfg.max_position_embeddings
+        if max_model_len > cfg.max_position_embeddings:
+            raise ValueError(f"max_model_len must be in [1, {cfg.max_position_embeddings}] "
+                             f"(the model's context), got {max_model_len}")
+        num_blocks = config.num_blocks
+        if num_blocks is None:
+            budget = config.kv_cache_memory_bytes or default_kv_budget_bytes(model.device)
+            num_blocks = min(
+                PagedKVCache.num_blocks_for_budget(budget, cfg.num_layers, config.block_size,
+                                                   cfg.num_kv_heads, cfg.head_dim, model.dtype),
+                config.max_num_seqs * -(-max_model_len // config.block_size))
+        return replace(config, max_model_len=max_model_len, num_blocks=num_blocks)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
+
+    @property
+    def max_finished_metrics(self) -> int:
+        return self.config.max_finished_metrics
+
+    @max_finished_metrics.setter
+    def max_finished_metrics(self, value: int) -> None:  # checked by EngineConfig
+        self.config = replace(self.config, max_finished_metrics=value)
 
     # ---- requests ----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids, sampling_params: SamplingParams | None = None,
@@ -104,22 +132,18 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in the engine; "
                              f"use a unique id per request")
         prompt = self._check_prompt(prompt_ids)
+        check_context_length(len(prompt), params.max_tokens, self.max_model_len, "max_tokens")
         need = len(prompt) + params.max_tokens - 1  # tokens whose K/V may be computed
-        if len(prompt) + params.max_tokens > self.max_model_len:
-            raise ValueError(f"prompt of {len(prompt)} tokens + max_tokens={params.max_tokens} "
-                             f"exceeds the context length of {self.max_model_len} tokens; "
-                             f"shorten the prompt or ask for at most "
-                             f"{max(self.max_model_len - len(prompt), 0)} tokens")
-        bs, nb = self.block_manager.block_size, self.block_manager.num_blocks
+        bs, nb = self.config.block_size, self.config.num_blocks
         if -(-need // bs) > nb:
             raise ValueError(f"request {request_id!r} needs {-(-need // bs)} KV blocks of {bs} "
                              f"tokens but the whole pool has {nb}: it could never run. Give "
                              f"the engine more blocks (num_blocks / kv_cache_memory_bytes) or "
                              f"lower max_tokens")
-        if not self.scheduler.chunked_prefill and need > self.scheduler.max_num_batched_tokens:
+        if not self.config.chunked_prefill and need > self.config.max_num_batched_tokens:
             raise ValueError(f"without chunked prefill a request is computed in one step, and "
                              f"this one may need {need} tokens > max_num_batched_tokens="
-                             f"{self.scheduler.max_num_batched_tokens}; enable chunked_prefill "
+                             f"{self.config.max_num_batched_tokens}; enable chunked_prefill "
                              f"or raise the budget")
         req = Request(request_id, prompt, params, self.model.config.eos_token_id, 0,
                       arrival_time)
@@ -132,15 +156,7 @@ class LLMEngine:
                 raise TypeError("got a text prompt but the engine has no tokenizer; pass "
                                 "token ids or LLMEngine(model, tokenizer)")
             prompt_ids = self.tokenizer.encode(prompt_ids)
-        if isinstance(prompt_ids, torch.Tensor):
-            prompt_ids = prompt_ids.flatten().tolist()
-        prompt = list(prompt_ids)
-        if not prompt:
-            raise ValueError("prompt is empty: give at least one token")
-        vocab = self.model.config.vocab_size
-        if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt):
-            raise ValueError(f"prompt token ids must be ints in [0, {vocab})")
-        return prompt
+        return check_prompt(prompt_ids, self.model.config.vocab_size)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free its blocks; the next step() reports it ("abort")."""
@@ -157,31 +173,25 @@ class LLMEngine:
     # ---- the step ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs, self._pending_outputs = self._pending_outputs, []
-        sched = self.scheduler.schedule()
-        if not sched.seqs:
+        step = run_step(self.scheduler, self.runner.execute, sample_tokens, time.perf_counter)
+        if step is None:
             if self.scheduler.has_unfinished():
                 raise RuntimeError("the scheduler found nothing to run while requests wait: "
                                    "a bug (add_request should have rejected them)")
             return outputs
-        logits = self.runner.execute(sched)
-        now = time.perf_counter()
-        self.scheduler.advance(sched)
-        to_sample = []
-        for row, s in enumerate([s for s in sched.seqs if s.samples]):
-            group = [s.request]
-            if s.request.num_pending_forks:
-                group += self.scheduler.fork(s.request, now)
-                self.requests[s.request.request_id] += group[1:]
-            to_sample += [(req, row) for req in group]
-        tokens = sample_tokens(logits, to_sample)
-        self.scheduler.append_tokens([(req, t) for (req, _), t in zip(to_sample, tokens)], now)
-        for (req, _), t in zip(to_sample, tokens):
+        for child in step.forked:
+            self.requests[child.request_id].append(child)
+        for req, t in step.sampled:
             outputs.append(self._output(req, [t]))
             if req.is_finished:
                 self._record_finished(req)
+        sched = step.scheduled
         self.num_steps += 1
         self.num_batched_tokens += sched.num_batched_tokens
-        self.num_generated_tokens += len(tokens)
+        self.num_computed_prompt_tokens += sum(
+            max(0, min(s.start + s.num_new_tokens, s.request.num_prompt_tokens) - s.start)
+            for s in sched.seqs)
+        self.num_generated_tokens += len(step.sampled)
         self.num_cow_copies += len(sched.copy_on_write)
         return outputs
 
@@ -192,7 +202,7 @@ class LLMEngine:
 
     def _record_finished(self, req: Request) -> None:
         self.finished_metrics[req.seq_id] = req.metrics
-        while len(self.finished_metrics) > self.max_finished_metrics:
+        while len(self.finished_metrics) > self.config.max_finished_metrics:
             del self.finished_metrics[next(iter(self.finished_metrics))]
         group = self.requests.get(req.request_id, [])
         if all(r.is_finished for r in group) and not any(r.num_pending_forks for r in group):
@@ -240,6 +250,8 @@ class LLMEngine:
             "prefix_cache_hit_rate": bm.prefix_cache_hit_rate(),
             "num_preemptions": sch.num_preemptions, "num_steps": self.num_steps,
             "num_batched_tokens": self.num_batched_tokens,
+            # prompt tokens computed (a prefix-cache hit skips them; a preemption redoes them)
+            "num_computed_prompt_tokens": self.num_computed_prompt_tokens,
             "mean_tokens_per_step": self.num_batched_tokens / max(self.num_steps, 1),
             "num_generated_tokens": self.num_generated_tokens,
             "num_cow_copies": self.num_cow_copies,

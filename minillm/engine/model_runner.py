@@ -3,12 +3,13 @@
 The tokens of all scheduled sequences are flattened into input_ids [1, N] and positions
 [1, N], decodes (query_len == 1) first, then prefill chunks. Nothing is padded: a step's
 cost is the number of tokens it computes. Attention reads and writes the paged KV cache
-through `PagedAttentionContext` (block tables, slot_mapping).
+through the context `PagedAttentionBuilder` makes for the step (block tables,
+slot_mapping).
 
 Only the sequences that sample this step (those whose last token is computed now) need
-logits, so the runner runs the decoder layers itself and applies the final norm and the
-LM head to one row per sampling sequence: for a 512-token prefill chunk that skips a
-[512, 576] x [576, 49152] product (the LM head is ~20% of SmolLM2's weights).
+logits, so the runner asks the model for `hidden_states`, picks one row per sampling
+sequence, and runs `compute_logits` on those rows alone: for a 512-token prefill chunk that
+skips a [512, 576] x [576, 49152] product (the LM head is ~20% of SmolLM2's weights).
 
 Sampling is per request, with its own seeded generator (seed + sample index), so a
 request's tokens do not depend on what else is in the batch. Greedy rows are one argmax.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..paged.context import PagedAttentionContext, PagedAttentionMetadata, decode_path
+from ..attention.paged import PagedAttentionBuilder, decode_path
 from ..paged.kv_cache import PagedKVCache
 from ..sampling import sample_next
 from .request import Request
@@ -27,14 +28,22 @@ from .scheduler import SchedulerOutput
 class ModelRunner:
     def __init__(self, model, kv_cache: PagedKVCache, block_manager, path: str | None = None):
         self.model, self.kv_cache, self.block_manager = model, kv_cache, block_manager
-        # How decode rows attend (see minillm.paged.context); read at every step, so the
-        # serving benchmark can alternate it between steps.
-        self.decode_path = decode_path(model.attn_backend, kv_cache, path)
+        self.attention = PagedAttentionBuilder(model.attn_backend, kv_cache, path)
+
+    @property
+    def decode_path(self) -> str:
+        """How decode rows attend (see minillm.attention.paged)."""
+        return self.attention.decode_path
+
+    @decode_path.setter
+    def decode_path(self, path: str) -> None:
+        # The serving benchmark alternates the path between steps (an in-run A/B).
+        self.attention.decode_path = decode_path(self.model.attn_backend, self.kv_cache, path)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Run the step; return logits [S, V] for the S sequences of `out.seqs` that sample,
-        in their order in `out.seqs`."""
+        """Run the step; return logits [S, V] (fp32) for the S sequences of `out.seqs` that
+        sample, in their order in `out.seqs`."""
         if not out.seqs:
             raise ValueError("nothing scheduled: the scheduler returned an empty step")
         device = self.model.device
@@ -54,27 +63,12 @@ class ModelRunner:
                               s.num_new_tokens))
         if out.copy_on_write:  # before this step writes into the copies
             self.kv_cache.copy_blocks(out.copy_on_write)
-        meta = PagedAttentionMetadata.build(meta_seqs, self.kv_cache.block_size, device,
-                                            decode_groups=self.decode_path == "gather")
-        ctx = PagedAttentionContext(self.model.attn_backend, self.kv_cache, meta,
-                                    self.decode_path)
+        ctx = self.attention.build(meta_seqs, device)
+        h = self.model.hidden_states(torch.tensor([ids], device=device),
+                                     torch.tensor([positions], device=device), ctx)
         rows = [last_row[i] for i, s in enumerate(out.seqs) if s.samples]
-        return self.forward(torch.tensor([ids], device=device),
-                            torch.tensor([positions], device=device), ctx, rows)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx,
-                rows: list[int]) -> torch.Tensor:
-        """`LlamaModel.forward`, except the LM head sees only the hidden states `rows`."""
-        m = self.model
-        m.check_positions(positions)
-        cos, sin = m.rope_cos[positions], m.rope_sin[positions]
-        x = m.embed_tokens(input_ids)
-        for i, layer in enumerate(m.layers):
-            x = layer(x, cos, sin, ctx, i)
-        if not rows:
-            return x.new_empty((0, m.config.vocab_size))
-        h = x[0, torch.tensor(rows, device=x.device)]
-        return m.logits(m.norm(h)).float()
+        return self.model.compute_logits(h[0, torch.tensor(rows, dtype=torch.long,
+                                                           device=device)]).float()
 
 
 def sample_tokens(logits: torch.Tensor, requests: list[tuple[Request, int]]) -> list[int]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..prompts import stop_token_set
 from ..sampling import make_generator, validate_sampling
 
 
@@ -56,10 +57,7 @@ class SamplingParams:
             object.__setattr__(self, "stop_token_ids", ids)  # a list would break hashing
 
     def stop_ids(self, eos_token_id: int | None) -> frozenset[int]:
-        stops = set(self.stop_token_ids or ())
-        if not self.ignore_eos and eos_token_id is not None:
-            stops.add(eos_token_id)
-        return frozenset(stops)
+        return stop_token_set(self.stop_token_ids, eos_token_id, self.ignore_eos)
 
 
 class RequestStatus(enum.Enum):

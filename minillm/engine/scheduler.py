@@ -6,24 +6,40 @@ Every request has one counter, `num_computed_tokens`, and wants it to reach `num
 
   1. running requests with one token left (decodes), oldest first: 1 token each;
   2. running requests with an unfinished prompt (chunked prefill): the next chunk;
-  3. waiting requests, first come first served (continuous mode): allocate blocks (a
-     prefix-cache hit advances num_computed_tokens for free), then a first chunk.
+  3. waiting requests, first come first served (continuous mode): a prefix-cache hit
+     advances num_computed_tokens for free, then a first chunk.
 
-Without `chunked_prefill` a prompt is scheduled whole or waits. One step may mix decodes
-and prefill chunks: the model runner flattens them all into one forward pass.
+Blocks are reserved per step, for the tokens that step computes (slots up to
+num_computed_tokens + num_new_tokens), not for a whole prompt at admission. Admission keeps
+`watermark_blocks` free (unless nothing is running), so a new prompt does not take the
+blocks the running requests need next. Without `chunked_prefill` a prompt is scheduled
+whole or waits. One step may mix decodes and prefill chunks: the model runner flattens them
+all into one forward pass.
 
-Preemption by recompute: when a decode needs a new block and the pool is empty, the NEWEST
-running request is freed and put back at the FRONT of the waiting queue with
-num_computed_tokens = 0 (its generated tokens are kept and recomputed with the prompt).
-No request is admitted in a step that preempted. The oldest request can always progress,
+Prefix caching within a step: the full blocks a step will compute are offered to the
+prefix cache when they are scheduled, not after the step ran. The forward pass writes
+every layer's K/V for all the step's tokens before that layer attends, so a request
+admitted later in the same step (one system prompt, many questions, submitted together)
+hits the blocks its neighbour is computing now. Only admission (3) looks the cache up, and
+nothing is preempted after it in a step, so no block is freed between being offered and
+being written. If the forward pass fails, `undo` puts the step's requests back and takes
+those offers back.
+
+Preemption by recompute: when a running request needs a block and the pool is empty, the
+NEWEST running request not yet scheduled this step is freed and put back at the FRONT of
+the waiting queue with num_computed_tokens = 0 (its generated tokens are kept and
+recomputed with the prompt). A decode may preempt itself when it is the newest; a prefill
+chunk with nobody left to preempt waits for the next step. No request is admitted in a
+step that preempted or left a chunk waiting. The oldest request can always progress,
 because the engine rejects, at add time, any request that could not fit the pool alone.
 
 `policy="static"`: a batch of up to max_num_seqs is admitted only when no request is
-running, and runs until every member finishes (the baseline continuous batching beats).
+running (its prompts reserved whole), and runs until every member finishes (the baseline
+continuous batching beats).
 
-Invariants: a RUNNING request holds a block table with a slot for every computed token;
-a WAITING one holds none; len(running) <= max_num_seqs except for n > 1 samples forked
-after their prompt (they join the batch they were born in).
+Invariants: between steps a RUNNING request holds a block table with a slot for every
+computed token; a WAITING one holds none; len(running) <= max_num_seqs except for n > 1
+samples forked after their prompt (they join the batch they were born in).
 """
 from __future__ import annotations
 
@@ -33,6 +49,7 @@ from dataclasses import dataclass, field
 
 from ..paged.block_manager import BlockManager
 from ..paged.block_pool import OutOfBlocksError
+from .config import EngineConfig
 from .request import Request, RequestStatus
 
 
@@ -60,17 +77,21 @@ class SchedulerOutput:
 
 
 class Scheduler:
+    """`config` (an EngineConfig) or the keyword options; the EngineConfig checks them."""
+
     def __init__(self, block_manager: BlockManager, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 512, chunked_prefill: bool = True,
-                 policy: str = "continuous"):
-        if policy not in ("continuous", "static"):
-            raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}")
-        if max_num_seqs < 1 or max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got "
-                             f"{max_num_seqs} and {max_num_batched_tokens}")
+                 policy: str = "continuous", *, config: EngineConfig | None = None):
+        if config is None:
+            config = EngineConfig(max_num_seqs=max_num_seqs, chunked_prefill=chunked_prefill,
+                                  max_num_batched_tokens=max_num_batched_tokens,
+                                  scheduling=policy, block_size=block_manager.block_size,
+                                  num_blocks=block_manager.num_blocks)
         self.block_manager = block_manager
-        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.chunked_prefill, self.policy = chunked_prefill, policy
+        self.max_num_seqs, self.max_num_batched_tokens = (config.max_num_seqs,
+                                                          config.max_num_batched_tokens)
+        self.chunked_prefill, self.policy = config.chunked_prefill, config.scheduling
+        self.watermark_blocks = config.watermark_blocks()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: running[-1] is the newest
         self.num_preemptions = 0
@@ -84,62 +105,63 @@ class Scheduler:
     # ---- one step ----------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out, budget = SchedulerOutput(), self.max_num_batched_tokens
-        bm = self.block_manager
         if self.policy == "static" and not self.running:
             self._admit_static_batch()
+        scheduled: set[int] = set()  # ids of the requests scheduled so far this step
+        blocked = False              # a prefill chunk found no blocks: admit nobody
 
-        # 1. Decodes (one token left), oldest first. A decode whose next token needs a new
-        #    block may preempt the newest running requests, itself last.
-        for req in list(self.running):
-            if budget == 0:
-                break
-            if req.status is not RequestStatus.RUNNING or req.num_tokens - req.num_computed_tokens != 1:
-                continue
-            new_slots = req.num_computed_tokens + 1 - bm.get_num_tokens(req.seq_id)
-            if new_slots > 0:
-                while not bm.can_append(req.seq_id, new_slots):
-                    victim = self.running[-1]
-                    self._preempt(victim)
-                    out.preempted.append(victim)
-                    if victim is req:
-                        break
-                if req.status is not RequestStatus.RUNNING:
-                    break  # req was the newest; nothing after it is left
-                out.copy_on_write += bm.append_slots(req.seq_id, req.all_token_ids, new_slots)
-            out.seqs.append(ScheduledSeq(req, req.num_computed_tokens, 1))
-            budget -= 1
-
-        # 2. Unfinished prompts of running requests: their slots were reserved at admission.
-        for req in self.running:
-            if budget == 0:
-                break
-            remaining = req.num_tokens - req.num_computed_tokens
-            if remaining > 1 and (self.chunked_prefill or remaining <= budget):
+        # 1. Decodes (one token left), oldest first; 2. then prefill chunks.
+        for decodes in (True, False):
+            for req in list(self.running):
+                remaining = req.num_tokens - req.num_computed_tokens
+                if budget == 0 or req.status is not RequestStatus.RUNNING or remaining < 1 \
+                        or (remaining == 1) != decodes:
+                    continue
+                if not decodes and not self.chunked_prefill and remaining > budget:
+                    continue
                 n = min(remaining, budget)
+                if not self._reserve(req, n, out, scheduled):
+                    if req.status is RequestStatus.RUNNING:
+                        blocked = True  # a chunk that must wait: nobody was left to preempt
+                        continue
+                    if decodes:
+                        break  # req preempted itself as the newest: nothing after it is left
+                    continue
                 out.seqs.append(ScheduledSeq(req, req.num_computed_tokens, n))
+                scheduled.add(id(req))
                 budget -= n
+                self._offer_blocks(req, n)
 
         # 3. Admit waiting requests, first come first served, while budget and blocks last.
-        if self.policy == "continuous" and not out.preempted:
+        if self.policy == "continuous" and not out.preempted and not blocked:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
                 if not self.chunked_prefill and req.num_tokens > budget:
                     break  # whole prompt or nothing; the queue stays FIFO
-                if not self._admit(req):
+                if not self._admit(req, budget, self.watermark_blocks if self.running else 0):
                     break
                 n = min(req.num_tokens - req.num_computed_tokens, budget)
                 out.seqs.append(ScheduledSeq(req, req.num_computed_tokens, n))
                 budget -= n
+                self._offer_blocks(req, n)
         return out
 
     def advance(self, out: SchedulerOutput) -> None:
-        """After the forward pass: the scheduled tokens' K/V are written. Count them, and
-        offer the full blocks among them to the prefix cache."""
+        """After the forward pass: the scheduled tokens' K/V are written. Count them."""
         for s in out.seqs:
+            s.request.num_computed_tokens += s.num_new_tokens
+
+    def undo(self, out: SchedulerOutput) -> None:
+        """The step's forward pass failed: put its requests back at the front of the queue,
+        as if preempted, and take back the blocks offered to the prefix cache for it (their
+        KV was never written). The engine is then as consistent as before the step."""
+        for s in reversed(out.seqs):
             req = s.request
-            req.num_computed_tokens += s.num_new_tokens
-            self.block_manager.cache_blocks(req.seq_id, req.all_token_ids,
-                                            req.num_computed_tokens)
+            if req.status is RequestStatus.RUNNING:
+                self.running.remove(req)
+                self.block_manager.free(req.seq_id, num_computed_tokens=s.start)
+                req.status, req.num_computed_tokens = RequestStatus.WAITING, 0
+                self.waiting.appendleft(req)
 
     def fork(self, parent: Request, now: float) -> list[Request]:
         """Create the parent's pending samples 1..n-1, sharing its blocks (copy-on-write)."""
@@ -172,10 +194,38 @@ class Scheduler:
         req.metrics.finished_time = now
 
     # ---- helpers -----------------------------------------------------------------------
-    def _admit(self, req: Request) -> bool:
-        """Allocate blocks for all of req's tokens and move it to running (False: no room)."""
+    def _reserve(self, req: Request, n: int, out: SchedulerOutput, scheduled: set[int]) -> bool:
+        """Give the running req slots for its next n tokens, preempting the newest running
+        requests not scheduled this step while the pool is short. False if it got none:
+        it was the newest itself (a decode then preempts itself, a chunk waits)."""
+        bm = self.block_manager
+        new_slots = req.num_computed_tokens + n - bm.get_num_tokens(req.seq_id)
+        if new_slots <= 0:
+            return True  # reserved already (static mode reserves whole prompts)
+        while not bm.can_append(req.seq_id, new_slots):
+            victim = next(r for r in reversed(self.running) if id(r) not in scheduled)
+            if victim is req and n > 1:
+                return False
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is req:
+                return False
+        tokens = req.all_token_ids[:req.num_computed_tokens + n]
+        out.copy_on_write += bm.append_slots(req.seq_id, tokens, new_slots)
+        return True
+
+    def _offer_blocks(self, req: Request, n: int) -> None:
+        """Offer the full blocks this step completes to the prefix cache (see module doc)."""
+        self.block_manager.cache_blocks(req.seq_id, req.all_token_ids,
+                                        req.num_computed_tokens + n)
+
+    def _admit(self, req: Request, token_budget: int | None = None, watermark: int = 0) -> bool:
+        """Allocate blocks for req's cached prefix and its first `token_budget` tokens
+        (None: all of them), leaving `watermark` blocks free, and move it to running
+        (False: no room)."""
         try:
-            num_cached = self.block_manager.allocate(req.seq_id, req.all_token_ids)
+            num_cached = self.block_manager.allocate(req.seq_id, req.all_token_ids,
+                                                     token_budget, watermark)
         except OutOfBlocksError:
             return False
         self.waiting.popleft()

@@ -23,7 +23,7 @@ Design:
   log-sum-exp; a second small kernel combines them:
   ``out = sum_s exp(lse_s - max lse) * out_s / sum_s exp(lse_s - max lse)``.
   With one split the first kernel writes the final output directly.
-* Online softmax in fp32, base 2 (see ``flash_attention.py``). A split that holds no
+* Online softmax in fp32, base 2 (see ``flash_attention_kernel.py``). A split that holds no
   token (context shorter than the split's start) has l = 0 and lse = -inf, weight 0.
 """
 
@@ -36,7 +36,9 @@ import triton
 import triton.language as tl
 
 from . import interpreter_enabled
-from .flash_attention import LOG2E, _block_d, _check_device_dtype, _check_heads, _check_out
+from ._checks import _check_device_dtype, _check_heads, _check_out, _is_integer
+from .flash_attention import _block_d
+from .flash_attention_kernel import LOG2E
 
 __all__ = ["paged_decode_attention"]
 
@@ -165,10 +167,11 @@ def paged_decode_attention(
     """Attention of one query token per sequence over its paged K/V.
 
     q ``[B, Hq, D]``; k_cache, v_cache ``[num_blocks, block_size, Hkv, D]``;
-    block_tables int32 ``[B, max_blocks]``; context_lens int32 ``[B]`` with
-    ``1 <= context_lens[b] <= max_blocks * block_size``. The query is the newest token,
-    whose K/V must already be in the cache, so it sees all ``context_lens[b]`` positions
-    (no mask needed beyond the length). ``sm_scale`` defaults to ``1 / sqrt(D)``.
+    block_tables ``[B, max_blocks]``; context_lens ``[B]`` with
+    ``1 <= context_lens[b] <= max_blocks * block_size``; both int32, or any integer dtype
+    such as int64 (converted to int32; float dtypes are refused). The query is the newest
+    token, whose K/V must already be in the cache, so it sees all ``context_lens[b]``
+    positions (no mask needed beyond the length). ``sm_scale`` defaults to ``1 / sqrt(D)``.
     ``num_splits`` (split-K over the context) defaults to 1 on the interpreter and to a
     GPU-occupancy heuristic on CUDA; the splits cut ``max_context_len`` positions, which
     defaults to the block table's width ``max_blocks * block_size`` (pass the true maximum,
@@ -194,11 +197,13 @@ def paged_decode_attention(
         raise ValueError(f"cache head_dim {dk} differs from q head_dim {d}")
     _check_heads(hq, hkv, d)
     _check_device_dtype({"q": q, "k_cache": k_cache, "v_cache": v_cache})
-    if block_tables.dim() != 2 or block_tables.shape[0] != bsz or block_tables.dtype != torch.int32:
-        raise ValueError(f"block_tables must be int32 [B={bsz}, max_blocks]; got "
+    if block_tables.dim() != 2 or block_tables.shape[0] != bsz or not _is_integer(block_tables):
+        raise ValueError(f"block_tables must be int32 [B={bsz}, max_blocks], or another integer "
+                         f"dtype such as torch.int64 (converted to int32); got "
                          f"{tuple(block_tables.shape)} {block_tables.dtype}")
-    if context_lens.shape != (bsz,) or context_lens.dtype != torch.int32:
-        raise ValueError(f"context_lens must be int32 [B={bsz}]; got {tuple(context_lens.shape)} "
+    if context_lens.shape != (bsz,) or not _is_integer(context_lens):
+        raise ValueError(f"context_lens must be int32 [B={bsz}], or another integer dtype such as "
+                         f"torch.int64 (converted to int32); got {tuple(context_lens.shape)} "
                          f"{context_lens.dtype}")
     for name in ("block_tables", "context_lens"):
         if names[name].device != q.device:
@@ -217,6 +222,9 @@ def paged_decode_attention(
             if bool(((used < 0) | (used >= num_blocks)).any()):
                 raise ValueError(f"block_tables[{i}] uses block ids {used.tolist()} for its "
                                  f"{n} tokens; valid ids are 0..{num_blocks - 1}")
+    # The kernel reads int32. Converted after the value checks, so on CPU every value it
+    # reads is known to fit; an int32 tensor is used as is (no copy).
+    block_tables, context_lens = block_tables.to(torch.int32), context_lens.to(torch.int32)
 
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     out = _check_out(out, q)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from .block_pool import BlockPool, OutOfBlocksError, _cdiv, hash_block_tokens
+from .block_pool import Block, BlockPool, OutOfBlocksError, _cdiv, hash_block_tokens
 
 
 @dataclass
@@ -23,25 +23,38 @@ class _SeqBlocks:
 class BlockManager:
     """Block tables for sequences, on top of a `BlockPool`.
 
-    A sequence's lifetime: `allocate` (reserves slots for the whole prompt and returns how
-    many leading tokens are already cached) -> per step `append_slots` for new tokens and
-    `slot_mapping` for the positions written -> `free`. `fork` shares all blocks with a
-    child (parallel sampling); the first write into a shared, partly filled block triggers
-    copy-on-write, returned by `append_slots` as (src, dst) block pairs to copy.
+    A sequence's lifetime: `allocate` (reserves slots for the cached prefix plus the first
+    chunk, or the whole prompt, and returns how many leading tokens are already cached) ->
+    per step `append_slots` for the tokens that step computes and `slot_mapping` for the
+    positions written -> `free`. `fork` shares all blocks with a child (parallel sampling);
+    the first write into a shared, partly filled block triggers copy-on-write, returned by
+    `append_slots` as (src, dst) block pairs to copy.
 
-    A full block becomes shareable (cached) once the pool knows its KV is computed: call
-    `cache_blocks` after a step, or let `append_slots` do it for every token before the new
-    ones. Caching a block before its KV is written would let another request read garbage.
+    A full block becomes shareable (cached) through `cache_blocks(seq, tokens, n)`, which
+    promises that the KV of the first n tokens is written before anyone reads it: after the
+    step that computes them, or - what the engine does - when that step is scheduled, since
+    its forward pass writes each layer's K/V for every token before that layer attends, so
+    a request admitted in the same step can share them. A promise the step then does not
+    keep (it failed) is taken back with `free(seq, num_computed_tokens=...)`, which drops the
+    hashes of the blocks that were never written. Sharing a block whose KV is never written
+    would let another request read garbage.
     """
 
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True):
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching)
-        self.block_size, self.num_blocks = block_size, num_blocks
         self._seqs: dict[Hashable, _SeqBlocks] = {}
         self.num_queried_tokens = 0  # prompt tokens looked up in the prefix cache
         self.num_hit_tokens = 0      # ... of which were found (returned as num_cached_tokens)
 
     # ---- queries -------------------------------------------------------------------------
+    @property
+    def block_size(self) -> int:
+        return self.pool.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks()
 
@@ -73,32 +86,42 @@ class BlockManager:
         """Conservative: True if the prompt fits even with no prefix-cache hit."""
         return _cdiv(num_tokens, self.block_size) <= self.pool.num_free_blocks()
 
-    def allocate(self, seq_id: Hashable, token_ids: Sequence[int]) -> int:
+    def allocate(self, seq_id: Hashable, token_ids: Sequence[int],
+                 token_budget: int | None = None, watermark: int = 0) -> int:
         """Reserve slots for the prompt `token_ids`; return num_cached_tokens, the number of
         leading tokens whose KV is already cached (a multiple of block_size, always less
-        than len(token_ids): the last token is computed so the model yields logits)."""
+        than len(token_ids): the last token is computed so the model yields logits).
+
+        token_budget: reserve slots only for the cached prefix plus the next
+        min(token_budget, uncached) tokens (the first chunk; later chunks get theirs from
+        `append_slots`). None reserves the whole prompt. watermark: refuse (OutOfBlocksError)
+        unless at least this many blocks stay free afterwards."""
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id!r} already has blocks; free it first")
         if len(token_ids) == 0:
             raise ValueError("cannot allocate an empty prompt: it needs at least one token")
         bs, tokens = self.block_size, tuple(int(t) for t in token_ids)
-        num_needed = _cdiv(len(tokens), bs)
-        if num_needed > self.num_blocks:
-            raise ValueError(f"a {len(tokens)}-token prompt needs {num_needed} blocks of "
-                             f"{bs} but the pool only has {self.num_blocks}: shorten the "
-                             f"prompt or give the KV cache more memory")
+        if _cdiv(len(tokens), bs) > self.num_blocks:
+            raise ValueError(f"a {len(tokens)}-token prompt needs {_cdiv(len(tokens), bs)} "
+                             f"blocks of {bs} but the pool only has {self.num_blocks}: "
+                             f"shorten the prompt or give the KV cache more memory")
         hits, hashes = self._find_cached_prefix(tokens)
         if len(hits) * bs == len(tokens):  # never the whole prompt: recompute its last block
             hits, hashes = hits[:-1], hashes[:-1]
+        num_slots = len(tokens) if token_budget is None else \
+            min(len(tokens), len(hits) * bs + token_budget)
+        num_needed = _cdiv(num_slots, bs)
         num_revived = sum(b.ref_cnt == 0 for b in hits)  # hits sitting in the free queue
-        if num_needed - len(hits) + num_revived > self.pool.num_free_blocks():
+        num_taken = num_needed - len(hits) + num_revived
+        if num_taken + watermark > self.pool.num_free_blocks():
             raise OutOfBlocksError(
-                f"sequence {seq_id!r} needs {num_needed - len(hits) + num_revived} free "
-                f"blocks, {self.pool.num_free_blocks()} are free; free or preempt a sequence")
+                f"sequence {seq_id!r} needs {num_taken} free blocks"
+                + (f" (and {watermark} kept free)" if watermark else "")
+                + f", {self.pool.num_free_blocks()} are free; free or preempt a sequence")
         self.pool.touch(hits)  # before get_new_blocks, so no hit gets evicted
         new = self.pool.get_new_blocks(num_needed - len(hits))
         table = [b.block_id for b in hits + new]
-        self._seqs[seq_id] = _SeqBlocks(table, len(tokens), hashes)
+        self._seqs[seq_id] = _SeqBlocks(table, num_slots, hashes)
         self.num_queried_tokens += len(tokens)
         self.num_hit_tokens += len(hits) * bs
         return len(hits) * bs
@@ -113,7 +136,7 @@ class BlockManager:
         full blocks among them get cached). Returns copy-on-write (src, dst) block pairs the
         caller must copy in the KV tensors before writing. Raises OutOfBlocksError, leaving
         everything unchanged, if the pool is short (check `can_append` first)."""
-        seq, bs = self._seq(seq_id), self.block_size
+        seq = self._seq(seq_id)
         if num_new_tokens < 0 or len(token_ids) != seq.num_tokens + num_new_tokens:
             raise ValueError(f"sequence {seq_id!r} has {seq.num_tokens} slots; token_ids must "
                              f"hold them plus the {num_new_tokens} new tokens, got "
@@ -166,9 +189,19 @@ class BlockManager:
         self._seqs[child_id] = _SeqBlocks(list(parent.block_table), parent.num_tokens,
                                           list(parent.block_hashes))
 
-    def free(self, seq_id: Hashable) -> None:
-        """Release the sequence's blocks, last block first (so its prefix is evicted last)."""
+    def free(self, seq_id: Hashable, num_computed_tokens: int | None = None) -> None:
+        """Release the sequence's blocks, last block first (so its prefix is evicted last).
+
+        num_computed_tokens: how many leading tokens really have their KV written. Blocks
+        past them that this sequence offered to the prefix cache (`cache_blocks` at
+        schedule time, for a step that then never ran) are taken out of the cache first."""
         seq = self._seq(seq_id)
+        if num_computed_tokens is not None:
+            for i in range(num_computed_tokens // self.block_size, len(seq.block_hashes)):
+                block = self.pool.blocks[seq.block_table[i]]
+                if block.block_hash == seq.block_hashes[i]:
+                    self.pool.uncache(block)
+            del seq.block_hashes[num_computed_tokens // self.block_size:]
         self.pool.free_blocks([self.pool.blocks[i] for i in reversed(seq.block_table)])
         del self._seqs[seq_id]
 

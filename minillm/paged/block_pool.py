@@ -104,7 +104,7 @@ class BlockPool:
         out = []
         for _ in range(n):
             block = self.blocks[self._free.popitem(last=False)[0]]
-            self._uncache(block)
+            self.uncache(block)
             block.ref_cnt, block.content_id = 1, self._next_content_id
             self._next_content_id += 1
             out.append(block)
@@ -162,10 +162,11 @@ class BlockPool:
         data; they just can no longer be shared. Returns how many hashes were dropped."""
         n = len(self._cached)
         for block in list(self._cached.values()):
-            self._uncache(block)
+            self.uncache(block)
         return n
 
-    def _uncache(self, block: Block) -> None:
+    def uncache(self, block: Block) -> None:
+        """Forget the block's hash (it stays allocated or free as it was)."""
         if block.block_hash is not None:
             del self._cached[block.block_hash]
         block.block_hash = block.token_ids = block.parent_content_id = None

@@ -42,9 +42,12 @@ class PagedKVCache:
     @staticmethod
     def block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
                     dtype: torch.dtype) -> int:
-        """Bytes one block takes over all layers, K and V."""
+        """Bytes one block takes over all layers, K and V: block_size tokens of
+        `calc.kv_cache_bytes_per_token` (the one formula)."""
+        from .. import calc
         elem = torch.empty((), dtype=dtype).element_size()
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * elem
+        return int(block_size * calc.kv_cache_bytes_per_token(num_layers, num_kv_heads,
+                                                              head_dim, elem))
 
     def bytes_per_block(self) -> int:
         return self.block_bytes(self.num_layers, self.block_size, self.num_kv_heads,
@@ -93,18 +96,11 @@ class PagedKVCache:
             cache.index_copy_(0, dst, cache.index_select(0, src))
 
 
-def block_table_tensor(block_tables: Sequence[Sequence[int]], device: torch.device | str = "cpu",
-                       max_num_blocks: int | None = None) -> torch.Tensor:
+def block_table_tensor(block_tables: Sequence[Sequence[int]],
+                       device: torch.device | str = "cpu") -> torch.Tensor:
     """Stack per-sequence block tables into int32 `[B, max_blocks]`, right-padded with 0.
-
-    `max_num_blocks` fixes the width (e.g. for a captured CUDA graph); by default it is the
-    longest table (at least 1, so the tensor is never zero-width)."""
+    The width is the longest table (at least 1, so the tensor is never zero-width)."""
     width = max([len(t) for t in block_tables] + [1])
-    if max_num_blocks is not None:
-        if max_num_blocks < width:
-            raise ValueError(f"a block table has {width} blocks, more than "
-                             f"max_num_blocks={max_num_blocks}")
-        width = max_num_blocks
     out = torch.zeros((len(block_tables), width), dtype=torch.int32)
     for i, table in enumerate(block_tables):
         out[i, :len(table)] = torch.tensor(list(table), dtype=torch.int32)

@@ -1,10 +1,11 @@
 """The checks students call: ``from quizzes import check; check.softmax(my_softmax)``.
 
-Each lab's checks live in their own module here (``lab02.py``, ...), registered with
-``@register``; they appear as attributes of this package the first time any check is
-looked up (every module except ``core`` and ``mismatch`` is imported then). Nothing
-else needs editing to add a lab's checks. ``generic`` holds checks that any lab may
-use (softmax, matvec, greedy_pick) and that the machinery's own tests exercise.
+Each lab's checks live in their own module here (``lab02.py``, ...) or, when they are
+long, in a subpackage (``lab03/``), registered with ``@register``; they appear as
+attributes of this package the first time any check is looked up (every module and
+subpackage except the framework's own, ``core.INFRA_MODULES``, is imported then).
+Nothing else needs editing to add a lab's checks. ``generic`` holds checks that any lab
+may use (softmax, matvec, greedy_pick) and that the machinery's own tests exercise.
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from .core import INFRA_MODULES as _INFRA
 from .core import Case, CheckFailed, NotImplementedYet, compare, describe, register, registry
 from .mismatch import show_mismatch
 
 __all__ = ["Case", "CheckFailed", "NotImplementedYet", "compare", "describe", "register", "registry",
            "show_mismatch", "available"]
 
-_INFRA = {"core", "mismatch"}
-_load_errors: dict[str, str] = {}
+_load_errors: dict[str, str] = {}  # file or folder -> the error that stopped its import
 _loaded = False
 
 
@@ -34,7 +35,8 @@ def _load_all() -> None:
         try:
             importlib.import_module(f"{__name__}.{mod.name}")
         except Exception as exc:  # keep other labs' checks usable; report on lookup
-            _load_errors[mod.name] = f"{type(exc).__name__}: {exc}"
+            where = f"quizzes/checks/{mod.name}" + ("/" if mod.ispkg else ".py")
+            _load_errors[where] = f"{type(exc).__name__}: {exc}"
 
 
 def available() -> list[str]:
@@ -51,7 +53,7 @@ def __getattr__(name: str):
         return registry[name]
     msg = f"there is no check named {name!r}. Available: {', '.join(sorted(registry)) or 'none'}."
     if _load_errors:
-        broken = "; ".join(f"quizzes/checks/{m}.py: {e}" for m, e in _load_errors.items())
+        broken = "; ".join(f"{where}: {e}" for where, e in _load_errors.items())
         msg += f" (Some check modules failed to import: {broken})"
     raise AttributeError(msg)
 

@@ -23,6 +23,11 @@ Invariants:
 - The student's function gets copies of the inputs (``case.call`` deep-copies by
   default), so an in-place bug cannot corrupt the reference computation.
 - Every failure message says what differs, where, by how much, and what to try.
+
+This module holds the outcomes (``CheckFailed``, ``NotImplementedYet``), ``Case`` and
+``register``. Comparing values is ``comparison.compare``, describing them
+``values.describe``, the side-by-side view ``mismatch.show_mismatch``. Imports run one
+way: core -> comparison -> mismatch -> values; none of them imports core.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ import traceback
 from typing import Any, Callable
 
 import numpy as np
+
+from .comparison import _Difference, compare
+from .values import describe
 
 __all__ = [
     "CheckFailed",
@@ -60,170 +68,6 @@ class CheckFailed(AssertionError):
 
 class NotImplementedYet(CheckFailed):
     """The student's function is still the stub that raises NotImplementedError."""
-
-
-class _Difference(Exception):
-    """Raised inside a case by compare/expect; the runner adds the case header."""
-
-
-# ----------------------------------------------------------------- describing values
-
-
-def _is_tensor(x: Any) -> bool:
-    t = sys.modules.get("torch")
-    return t is not None and isinstance(x, t.Tensor)
-
-
-def describe(x: Any) -> str:
-    """Short description of a value: 'float32[4, 7]', 'int 5', 'list[3]'."""
-    if _is_tensor(x):
-        dev = "" if x.device.type == "cpu" else f" on {x.device}"
-        return f"{str(x.dtype).replace('torch.', '')}[{', '.join(map(str, x.shape))}]{dev}"
-    if isinstance(x, np.ndarray):
-        return f"ndarray {x.dtype}[{', '.join(map(str, x.shape))}]"
-    if isinstance(x, bool) or x is None:
-        return repr(x)
-    if isinstance(x, (int, float, np.integer, np.floating)):
-        return f"{type(x).__name__} {x!r}"
-    if isinstance(x, (list, tuple)):
-        inner = ", ".join(describe(v) for v in x[:3]) + (", ..." if len(x) > 3 else "")
-        return f"{type(x).__name__}[{len(x)}]({inner})"
-    if isinstance(x, dict):
-        return f"dict with keys {sorted(map(str, x))[:6]}"
-    if isinstance(x, str):
-        return repr(x if len(x) < 40 else x[:37] + "...")
-    return type(x).__name__
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, (float, np.floating)):
-        return f"{float(v):.6g}"
-    return repr(v.item() if hasattr(v, "item") else v)
-
-
-def _index(flat: int, shape: tuple[int, ...]) -> str:
-    if not shape:
-        return "[]"
-    return "[" + ", ".join(str(int(i)) for i in np.unravel_index(flat, shape)) + "]"
-
-
-# ----------------------------------------------------------------- comparison
-
-
-def _as_numpy(x: Any) -> np.ndarray:
-    if _is_tensor(x):
-        x = x.detach().to("cpu")
-        if x.is_floating_point() and x.dtype.itemsize < 4:  # bf16/fp16 have no exact numpy twin
-            x = x.float()
-        return x.numpy()
-    return np.asarray(x)
-
-
-def _shape_hint(got: tuple[int, ...], want: tuple[int, ...]) -> str:
-    if len(got) == len(want) and sorted(got) == sorted(want) and got != want:
-        return " The same sizes in another order: a transpose or a permute in the wrong place?"
-    if int(np.prod(got)) == int(np.prod(want)):
-        return " Same number of elements: a reshape/view in the wrong order?"
-    if len(got) == len(want) - 1:
-        return " One dimension missing: did a sum/max drop a dim (keepdim=True)?"
-    if len(got) == len(want) + 1 and 1 in got:
-        return " One extra dimension of size 1: squeeze it, or index it away."
-    return ""
-
-
-def compare(yours: Any, reference: Any, what: str = "output", *, atol: float = 1e-5, rtol: float = 1e-5,
-            check_dtype: bool = True, show: bool = False) -> None:
-    """Raise _Difference (turned into CheckFailed by the runner) if ``yours`` differs.
-
-    Tensors and arrays: type, shape, dtype, device, then values (integers and
-    booleans exactly; floats with |yours - ref| <= atol + rtol * |ref|, NaN only
-    where the reference has NaN). Tuples, lists and dicts are compared item by
-    item. ``show=True`` adds a text view of yours vs reference around the first
-    mismatch (see ``show_mismatch``).
-    """
-    if isinstance(reference, (tuple, list)):
-        if not isinstance(yours, (tuple, list)):
-            raise _Difference(f"{what}: expected a {type(reference).__name__} of {len(reference)} items, "
-                              f"got {describe(yours)}.")
-        if len(yours) != len(reference):
-            raise _Difference(f"{what}: expected {len(reference)} items, got {len(yours)}.")
-        for i, (y, r) in enumerate(zip(yours, reference)):
-            compare(y, r, f"{what}[{i}]", atol=atol, rtol=rtol, check_dtype=check_dtype, show=show)
-        return
-    if isinstance(reference, dict):
-        if not isinstance(yours, dict):
-            raise _Difference(f"{what}: expected a dict, got {describe(yours)}.")
-        if set(yours) != set(reference):
-            missing, extra = sorted(set(reference) - set(yours)), sorted(set(yours) - set(reference))
-            raise _Difference(f"{what}: keys differ (missing {missing}, unexpected {extra}).")
-        for k in reference:
-            compare(yours[k], reference[k], f"{what}[{k!r}]", atol=atol, rtol=rtol, check_dtype=check_dtype,
-                    show=show)
-        return
-    ref_is_array = _is_tensor(reference) or isinstance(reference, np.ndarray)
-    if not ref_is_array:
-        _compare_scalar(yours, reference, what, atol, rtol)
-        return
-    want_kind = "torch.Tensor" if _is_tensor(reference) else "numpy.ndarray"
-    if _is_tensor(reference) != _is_tensor(yours) or (not _is_tensor(yours) and not isinstance(yours, np.ndarray)):
-        raise _Difference(f"{what}: expected a {want_kind}, got {describe(yours)}.")
-    got_shape, want_shape = tuple(yours.shape), tuple(reference.shape)
-    if got_shape != want_shape:
-        raise _Difference(f"{what} shape: expected {want_shape}, got {got_shape}.{_shape_hint(got_shape, want_shape)}")
-    if check_dtype and yours.dtype != reference.dtype:
-        raise _Difference(f"{what} dtype: expected {str(reference.dtype).replace('torch.', '')}, "
-                          f"got {str(yours.dtype).replace('torch.', '')}. Convert with .to(...) or keep the input's dtype.")
-    if _is_tensor(reference) and yours.device != reference.device:
-        raise _Difference(f"{what} device: expected {reference.device}, got {yours.device}.")
-    a, b = _as_numpy(yours), _as_numpy(reference)
-    if a.dtype.kind in "biu" and b.dtype.kind in "biu":
-        bad = a != b
-        tolerance = "exact match required (integers)"
-    else:
-        a64, b64 = a.astype(np.float64), b.astype(np.float64)
-        bad = ~np.isclose(a64, b64, rtol=rtol, atol=atol, equal_nan=True)
-        tolerance = f"allowed |yours − reference| ≤ {atol:g} + {rtol:g}·|reference|"
-    if not bad.any():
-        return
-    n_bad = int(bad.sum())
-    first = int(np.flatnonzero(bad.ravel())[0])
-    af, bf = a.ravel(), b.ravel()
-    lines = [f"{what} values differ from the reference in {n_bad} of {bad.size} elements.",
-             f"  first mismatch at {_index(first, got_shape)}: yours {_fmt(af[first])}, reference {_fmt(bf[first])}"]
-    if a.dtype.kind == "f" or b.dtype.kind == "f":
-        err = np.abs(a.astype(np.float64) - b.astype(np.float64))
-        err = np.where(np.isnan(err), np.inf, err).ravel()
-        worst = int(np.argmax(err))
-        lines.append(f"  max error {err[worst]:.3g} at {_index(worst, got_shape)}; {tolerance}")
-        if np.isnan(af).any() and not np.isnan(bf).any():
-            lines.append("  yours contains NaN: a division by zero, or exp() of a large number (subtract the max first)?")
-    else:
-        lines.append(f"  {tolerance}")
-    if show:
-        from .mismatch import show_mismatch
-
-        lines.append(show_mismatch(yours, reference, atol=atol, rtol=rtol).text())
-    raise _Difference("\n".join(lines))
-
-
-def _compare_scalar(yours: Any, reference: Any, what: str, atol: float, rtol: float) -> None:
-    if _is_tensor(yours) and yours.numel() == 1:
-        yours = yours.item()
-    if isinstance(yours, np.ndarray) and yours.size == 1:
-        yours = yours.item()
-    if isinstance(reference, (bool, np.bool_)) or isinstance(reference, str) or reference is None:
-        if yours != reference:
-            raise _Difference(f"{what}: expected {reference!r}, got {_fmt(yours) if yours is not None else None}.")
-        return
-    if not isinstance(yours, (int, float, np.integer, np.floating)) or isinstance(yours, bool):
-        raise _Difference(f"{what}: expected a number, got {describe(yours)}.")
-    if isinstance(reference, (int, np.integer)) and not isinstance(reference, bool):
-        if yours != reference:
-            raise _Difference(f"{what}: expected {reference}, got {_fmt(yours)}.")
-        return
-    if not np.isclose(float(yours), float(reference), rtol=rtol, atol=atol, equal_nan=True):
-        raise _Difference(f"{what}: expected {_fmt(reference)}, got {_fmt(yours)} "
-                          f"(error {abs(float(yours) - float(reference)):.3g}; allowed {atol:g} + {rtol:g}·|reference|).")
 
 
 # ----------------------------------------------------------------- one random case
@@ -348,8 +192,11 @@ def _not_implemented_message(check: str, exc: BaseException) -> str:
 # ----------------------------------------------------------------- registration
 
 registry: dict[str, Callable[..., None]] = {}
+#: The framework's own modules: the package never loads them as a lab's checks, and a
+#: check may not take their names (they are attributes of ``quizzes.checks``).
+INFRA_MODULES = frozenset({"core", "comparison", "mismatch", "values"})
 _RESERVED = {"register", "registry", "compare", "describe", "show_mismatch", "Case", "CheckFailed",
-             "NotImplementedYet", "core", "mismatch", "available"}
+             "NotImplementedYet", "available"} | INFRA_MODULES
 
 
 def register(fn: Callable | None = None, *, cases: int = 3, name: str | None = None,

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .core import _as_numpy, describe
+from .values import _as_numpy, describe
 
 __all__ = ["show_mismatch", "MismatchView"]
 

@@ -1,4 +1,4 @@
-"""Attention backends: the one place where the model's attention math is chosen.
+"""Attention backends: how attention is computed (plain PyTorch or Triton kernels).
 
 The model computes q, k, v and RoPE, then hands them to an *attention context* (how K/V are
 stored: none, a contiguous cache, a paged cache) which calls a *backend* (how attention is
@@ -75,7 +75,7 @@ class TorchBackend:
         return out
 
     def paged_decode(self, q, k_cache, v_cache, block_tables, context_lens, sm_scale=None):
-        from .paged.attention_ref import paged_decode_attention_ref
+        from .paged_ref import paged_decode_attention_ref
         return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens,
                                           sm_scale=sm_scale)
 
@@ -92,7 +92,7 @@ class TritonBackend(TorchBackend):
     def dense(self, q, k, v, causal=True, key_padding_mask=None, sm_scale=None):
         if key_padding_mask is not None:
             return super().dense(q, k, v, causal, key_padding_mask, sm_scale)
-        from .kernels import flash_attention, paged_decode_attention
+        from ..kernels import flash_attention, paged_decode_attention
         B, T, S = q.shape[0], q.shape[2], k.shape[2]
         if T == 1:
             # One new token per row over a contiguous cache: that cache is a paged cache
@@ -107,7 +107,7 @@ class TritonBackend(TorchBackend):
 
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
                max_seqlen_k=None, sm_scale=None):
-        from .kernels import flash_attention_varlen
+        from ..kernels import flash_attention_varlen
         if max_seqlen_q is None:
             max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
         if max_seqlen_k is None:
@@ -116,7 +116,7 @@ class TritonBackend(TorchBackend):
                                       max_seqlen_k, causal=True, sm_scale=sm_scale)
 
     def paged_decode(self, q, k_cache, v_cache, block_tables, context_lens, sm_scale=None):
-        from .kernels import paged_decode_attention
+        from ..kernels import paged_decode_attention
         return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens,
                                       sm_scale=sm_scale)
 
@@ -132,46 +132,3 @@ def get_backend(name_or_backend) -> TorchBackend:
     except KeyError:
         raise ValueError(f"unknown attention backend {name_or_backend!r}; "
                          f"choose one of {sorted(BACKENDS)}") from None
-
-
-# Attention contexts ------------------------------------------------------------------
-class NoCacheContext:
-    """Full causal attention over the T tokens of this forward pass; nothing is stored."""
-
-    def __init__(self, backend, key_padding_mask=None):
-        self.backend = backend
-        self.key_padding_mask = key_padding_mask
-
-    def attend(self, layer_idx, q, k, v):  # [B, T, H, D] in, [B, T, Hq, D] out
-        out = self.backend.dense(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                 causal=True, key_padding_mask=self.key_padding_mask)
-        return out.transpose(1, 2)
-
-
-class ContiguousCacheContext:
-    """Append this step's K/V to a `KVCache` at `start_pos`, then attend over the cache.
-
-    `append_fn` and `attend_fn` default to minillm's reference; Lab 02 plugs in the
-    student's own functions with the same signatures (see `minillm.kv_cache`).
-    """
-
-    def __init__(self, backend, cache, start_pos: int, key_padding_mask=None,
-                 append_fn=None, attend_fn=None):
-        self.backend = backend
-        self.cache = cache
-        self.start_pos = start_pos
-        self.key_padding_mask = key_padding_mask
-        self.append_fn = append_fn
-        self.attend_fn = attend_fn
-
-    def attend(self, layer_idx, q, k, v):
-        from .kv_cache import kv_cache_append
-        k_cache, v_cache = self.cache.k[layer_idx], self.cache.v[layer_idx]
-        (self.append_fn or kv_cache_append)(k_cache, v_cache, k, v, self.start_pos)
-        if self.attend_fn is not None:
-            return self.attend_fn(q, k_cache, v_cache, self.start_pos)
-        S = self.start_pos + q.shape[1]
-        out = self.backend.dense(q.transpose(1, 2), k_cache[:, :S].transpose(1, 2),
-                                 v_cache[:, :S].transpose(1, 2), causal=True,
-                                 key_padding_mask=self.key_padding_mask)
-        return out.transpose(1, 2)

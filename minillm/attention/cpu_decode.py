@@ -1,6 +1,6 @@
 """Decode attention over the paged KV cache on the CPU, reading K/V in place.
 
-The serving engine's PyTorch decode path (`minillm.paged.context`) gathers every decoding
+The serving engine's PyTorch decode path (`minillm.attention.paged`) gathers every decoding
 sequence's K/V out of the block pool with `index_select`, then runs SDPA over the copy: the
 cache crosses memory three times (read, write, read again), and on 2 cores that gather and
 attention took a third of a 64-sequence decode step. `csrc/paged_decode_cpu.cpp` is the

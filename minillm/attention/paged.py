@@ -16,10 +16,14 @@ decodes (query_len == 1) FIRST, into tensors shared by every layer:
 through slot_mapping first, so a sequence's own new tokens are in the cache when it
 attends, then computes decode rows and prefill rows and returns [1, N, Hq, D].
 
+`PagedAttentionBuilder` is made once per engine: it holds the backend, the cache and the
+decode path (chosen and checked there, once), and each step `build(seqs)` returns the
+step's context.
+
 Decode rows take one of three paths (`decode_path`), chosen once per engine:
 
 - "kernel": on the CPU with the torch backend and an fp32 cache, the C++ kernel of
-  `minillm.paged.cpu_decode` reads K/V in place through the block tables: the cache is
+  `minillm.attention.cpu_decode` reads K/V in place through the block tables: the cache is
   read once, with no copy. It is the default there when it builds.
 - "gather": the PyTorch fast path, used when the kernel is off or cannot be built (and on
   a GPU with the torch backend). `TorchBackend.paged_decode`, the per-sequence reference
@@ -38,9 +42,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attention import decode_attention
+from ..paged.kv_cache import PagedKVCache, block_table_tensor
 from . import cpu_decode
-from .kv_cache import PagedKVCache, block_table_tensor
+from .backends import decode_attention
 
 DECODE_GROUP_MIN, DECODE_GROUP_RATIO = 8, 1.5
 DECODE_PATHS = ("kernel", "gather", "backend")
@@ -144,14 +148,32 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     return decode_attention(q, k.transpose(1, 2), v.transpose(1, 2), key_mask, sm_scale)
 
 
+class PagedAttentionBuilder:
+    """One per engine: the backend, the paged cache and the decode path, chosen and checked
+    once here. `build(seqs)` makes each step's `PagedAttentionContext`."""
+
+    def __init__(self, backend, kv_cache: PagedKVCache, path: str | None = None):
+        self.backend, self.kv_cache = backend, kv_cache
+        self.decode_path = decode_path(backend, kv_cache, path)
+
+    def build(self, seqs: list[tuple[list[int], int, int]],
+              device: torch.device | str = "cpu") -> "PagedAttentionContext":
+        """seqs: (block_table, start, query_len) per sequence, decodes first (see
+        `PagedAttentionMetadata.build`)."""
+        meta = PagedAttentionMetadata.build(seqs, self.kv_cache.block_size, device,
+                                            decode_groups=self.decode_path == "gather")
+        return PagedAttentionContext(self.backend, self.kv_cache, meta, self.decode_path)
+
+
 class PagedAttentionContext:
     """Plugs into `LlamaModel`'s layers: `attend(layer_idx, q, k, v)` over a paged cache.
-    path: one of DECODE_PATHS; None picks `decode_path(backend, kv_cache)`."""
+    path: one of DECODE_PATHS (the engine passes the one its builder chose); None picks
+    `decode_path(backend, kv_cache)` here, for direct use."""
 
     def __init__(self, backend, kv_cache: PagedKVCache, metadata: PagedAttentionMetadata,
                  path: str | None = None):
         self.backend, self.kv_cache, self.meta = backend, kv_cache, metadata
-        self.path = decode_path(backend, kv_cache, path)
+        self.path = path if path in DECODE_PATHS else decode_path(backend, kv_cache, path)
         if self.path == "gather" and metadata.num_decode_tokens and not metadata.decode_groups:
             raise ValueError("the gather path needs metadata built with decode_groups=True")
 

@@ -1,0 +1,56 @@
+"""Attention contexts for the contiguous world: where K/V live when there is no paging.
+
+A context owns storage; a backend (`minillm.attention.backends`) owns the math. The model
+calls `ctx.attend(layer_idx, q, k, v)` with q [B, T, Hq, D] and k/v [B, T, Hkv, D] (after
+RoPE) and gets [B, T, Hq, D] back.
+
+- `NoCacheContext`: full causal attention over this pass's T tokens; nothing is stored.
+- `ContiguousCacheContext`: append this step's K/V to a `KVCache` row block at
+  `start_pos`, then attend over everything cached (Lab 02, `minillm.generate`).
+
+The paged context of the serving engine is `minillm.attention.paged`.
+"""
+from __future__ import annotations
+
+from ..kv_cache import kv_cache_append
+
+
+class NoCacheContext:
+    """Full causal attention over the T tokens of this forward pass; nothing is stored."""
+
+    def __init__(self, backend, key_padding_mask=None):
+        self.backend = backend
+        self.key_padding_mask = key_padding_mask
+
+    def attend(self, layer_idx, q, k, v):  # [B, T, H, D] in, [B, T, Hq, D] out
+        out = self.backend.dense(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                 causal=True, key_padding_mask=self.key_padding_mask)
+        return out.transpose(1, 2)
+
+
+class ContiguousCacheContext:
+    """Append this step's K/V to a `KVCache` at `start_pos`, then attend over the cache.
+
+    `append_fn` and `attend_fn` default to minillm's reference; Lab 02 plugs in the
+    student's own functions with the same signatures (see `minillm.kv_cache`).
+    """
+
+    def __init__(self, backend, cache, start_pos: int, key_padding_mask=None,
+                 append_fn=None, attend_fn=None):
+        self.backend = backend
+        self.cache = cache
+        self.start_pos = start_pos
+        self.key_padding_mask = key_padding_mask
+        self.append_fn = append_fn
+        self.attend_fn = attend_fn
+
+    def attend(self, layer_idx, q, k, v):
+        k_cache, v_cache = self.cache.k[layer_idx], self.cache.v[layer_idx]
+        (self.append_fn or kv_cache_append)(k_cache, v_cache, k, v, self.start_pos)
+        if self.attend_fn is not None:
+            return self.attend_fn(q, k_cache, v_cache, self.start_pos)
+        S = self.start_pos + q.shape[1]
+        out = self.backend.dense(q.transpose(1, 2), k_cache[:, :S].transpose(1, 2),
+                                 v_cache[:, :S].transpose(1, 2), causal=True,
+                                 key_padding_mask=self.key_padding_mask)
+        return out.transpose(1, 2)

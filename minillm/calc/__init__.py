@@ -1,0 +1,67 @@
+"""Closed-form formulas of LLM inference: memory, speed, parallelism, cost, queueing.
+
+Every worked number in the labs, quizzes and widgets is computed here, so the book and the
+widgets cannot disagree. Everything is plain Python on ints and floats (no torch, no numpy):
+a widget can call it on every slider move.
+
+Conventions (the invariants of this package):
+- Units are bytes, seconds and FLOPs. A multiply-add counts as 2 FLOPs.
+- Prefixes are SI: 1 GB = 1e9 bytes, 1 TB/s = 1e12 bytes/s. Where a textbook's number is
+  really in GiB (2**30 bytes) the docstring says so; the constants ``GB`` and ``GiB`` are
+  both here so a cell can show both.
+- ``dtype_bytes`` is bytes per element: 4 for fp32, 2 for fp16/bf16, 1 for fp8/int8, 0.5 for
+  int4 (see ``DTYPE_BYTES``).
+- Bad arguments raise ``ValueError`` whose message names the argument, shows the value
+  given and says what is allowed. No function mutates its inputs.
+
+One module per topic; every name is re-exported here, so ``calc.kv_cache_bytes(...)`` works:
+
+    memory.py        KV-cache bytes, weight bytes, sequences that fit in memory
+    speed.py         decode tokens/s on the roofline, prefill/decode FLOPs, intensity
+    attention.py     MHA / GQA / MQA, the score matrix, decode attention's intensity
+    batching.py      static batch waste, continuous batching's ideal throughput
+    speculative.py   expected tokens, speedup and best k of speculative decoding
+    parallel.py      ring all-reduce, tensor-parallel all-reduces, pipeline bubble
+    quantization.py  group-quantized weight bytes, symmetric quantization
+    serving.py       utilization, M/M/1 latency, Little's law, end-to-end latency
+    cost.py          $ per million tokens, break-even against an API
+    _common.py       units, ``DTYPE_BYTES`` and the argument checks they all share
+"""
+
+from __future__ import annotations
+
+from ._common import (DTYPE_BYTES, GB, KB, MB, TB, GiB, _attention_dims, _describe, _heads,
+                      _int, _items, _lengths, _probability, _real)
+from .attention import attention_intensity, attention_kind, attention_matrix_bytes, gqa_reduction
+from .batching import (continuous_batch_ideal_throughput, static_batch_throughput,
+                       static_batch_utilization, static_batch_wasted_steps)
+from .cost import HOURS_PER_MONTH, break_even_tokens_per_month, cost_per_million_tokens
+from .memory import (kv_cache_bytes, kv_cache_bytes_per_token, max_concurrent_sequences,
+                     memory_per_gpu, weight_bytes)
+from .parallel import (allreduce_time_s, pp_bubble_fraction, ring_allreduce_bytes,
+                       tp_allreduces_per_layer)
+from .quantization import quantized_weight_bytes, symmetric_quantize
+from .serving import e2e_latency_s, littles_law_L, mm1_mean_latency, utilization
+from .speculative import (spec_acceptance_probability, spec_expected_tokens,
+                          spec_expected_tokens_naive, spec_optimal_k, spec_speedup)
+from .speed import (batched_decode_tokens_per_s, decode_flops, decode_step_time_s,
+                    decode_tokens_per_s, matmul_intensity, matvec_intensity, prefill_flops,
+                    ridge_point, roofline_flops)
+
+__all__ = [
+    "KB", "MB", "GB", "TB", "GiB", "DTYPE_BYTES", "HOURS_PER_MONTH",
+    "kv_cache_bytes_per_token", "kv_cache_bytes", "weight_bytes", "memory_per_gpu",
+    "max_concurrent_sequences",
+    "decode_tokens_per_s", "decode_step_time_s", "batched_decode_tokens_per_s",
+    "prefill_flops", "decode_flops", "matvec_intensity", "matmul_intensity", "ridge_point",
+    "roofline_flops",
+    "gqa_reduction", "attention_kind", "attention_matrix_bytes", "attention_intensity",
+    "static_batch_wasted_steps", "static_batch_utilization", "static_batch_throughput",
+    "continuous_batch_ideal_throughput",
+    "spec_expected_tokens", "spec_expected_tokens_naive", "spec_speedup", "spec_optimal_k",
+    "spec_acceptance_probability",
+    "ring_allreduce_bytes", "allreduce_time_s", "tp_allreduces_per_layer", "pp_bubble_fraction",
+    "quantized_weight_bytes", "symmetric_quantize",
+    "utilization", "mm1_mean_latency", "littles_law_L", "e2e_latency_s",
+    "cost_per_million_tokens", "break_even_tokens_per_month",
+]

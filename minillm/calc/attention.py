@@ -1,0 +1,51 @@
+"""Attention variants (MHA, GQA, MQA): KV-cache reduction, score-matrix size, and the
+arithmetic intensity of a decode step's attention.
+"""
+
+from __future__ import annotations
+
+from ._common import _heads, _int, _real
+
+
+def gqa_reduction(num_heads, num_kv_heads) -> int:
+    """How many times smaller the KV cache is than MHA's: ``num_heads / num_kv_heads``.
+
+    MHA gives 1, MQA gives ``num_heads``; GQA 32/8 gives 4, 64/8 gives 8.
+    """
+    h, hkv = _heads(num_heads, num_kv_heads)
+    return h // hkv
+
+
+def attention_kind(num_heads, num_kv_heads) -> str:
+    """Name the attention variant: ``"MHA"`` (one KV head per query head), ``"MQA"`` (one KV
+    head in all) or ``"GQA"`` (groups of query heads share a KV head)."""
+    h, hkv = _heads(num_heads, num_kv_heads)
+    if hkv == h:
+        return "MHA"
+    if hkv == 1:
+        return "MQA"
+    return "GQA"
+
+
+def attention_matrix_bytes(seq_len, dtype_bytes=2, num_heads=1, batch=1) -> float:
+    """Bytes of the T×T score matrix naive attention materializes: ``T² · dtype_bytes · H · B``.
+
+    At T = 128K (131,072) in fp16, one head: 34.4 GB = 32 GiB. FlashAttention never stores it.
+    """
+    t = _int("seq_len", seq_len)
+    return t * t * _real("dtype_bytes", dtype_bytes) * _int("num_heads", num_heads) * _int("batch", batch)
+
+
+def attention_intensity(seq_len, head_dim, num_heads, num_kv_heads=None, dtype_bytes=2) -> float:
+    """FLOPs per byte of one decode step's attention (one sequence, one layer).
+
+    FLOPs = ``4 · H · T · D`` (QKᵀ and P·V, softmax left out). Bytes = ``(2 · H_kv · T · D +
+    2 · H · D) · dtype_bytes``: the whole K and V cache read once, plus q in and the output
+    out. About ``2 · (H / H_kv) / dtype_bytes``: 1 FLOP/byte for MHA in fp16, 4 for GQA 32/8.
+    Batching does not help: every sequence reads its own cache.
+    """
+    t = _int("seq_len", seq_len)
+    d = _int("head_dim", head_dim)
+    h, hkv = _heads(num_heads, num_heads if num_kv_heads is None else num_kv_heads)
+    b = _real("dtype_bytes", dtype_bytes)
+    return 4 * h * t * d / ((2 * hkv * t * d + 2 * h * d) * b)

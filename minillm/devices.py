@@ -1,0 +1,68 @@
+"""Which device and dtype the course runs on, and what to call the device.
+
+CUDA if a GPU is visible, else CPU; bf16 on CUDA, fp32 elsewhere. ``minillm.perf``
+re-exports these names, and keys its cached measurements by ``device_name``.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+
+import torch
+
+
+def default_device() -> torch.device:
+    """CUDA if a GPU is visible, else CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _resolve(device) -> torch.device:
+    dev = default_device() if device is None else torch.device(device)
+    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def default_dtype(device=None) -> torch.dtype:
+    """The dtype the engine runs in on ``device``: bf16 on CUDA, fp32 elsewhere.
+
+    GPUs since Ampere have bf16 tensor cores: half the bytes of fp32 at many times the
+    FLOP/s, with fp32's exponent range (no overflow). Common CPUs have no native bf16
+    arithmetic: bf16 matmuls are emulated several times slower than fp32 (fp16 ones ~100x
+    slower), so fp32 is the safe default there. (Batch-1 decode in bf16 can still win on a
+    CPU, because it is memory-bound and reads half the bytes: a roofline lesson.)
+    """
+    return torch.bfloat16 if _resolve(device).type == "cuda" else torch.float32
+
+
+def _dtype_key(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def device_name(device=None) -> str:
+    """A human-readable name for ``device``: the GPU model, or the CPU model string."""
+    dev = _resolve(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    name = _cpu_name()
+    return name if dev.type == "cpu" else f"{dev.type} ({name})"
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if platform.system() == "Darwin":
+        try:
+            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
+                                 capture_output=True, text=True, timeout=5)
+            if out.stdout.strip():
+                return out.stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine() or "unknown CPU"

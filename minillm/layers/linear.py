@@ -1,0 +1,70 @@
+"""`Linear`: the one layer through which the model multiplies by a weight matrix.
+
+Every weight product of `LlamaModel` goes through a `Linear`: the four projections of each
+layer (`qkv_proj`, `o_proj`, `gate_up_proj`, `down_proj`) and the LM head. That makes it the
+seam for the techniques that change how a weight is stored or where it lives:
+
+- quantization replaces a `Linear` by a subclass that keeps integer weights and scales;
+- tensor parallelism replaces it by a column- or row-parallel subclass that holds a shard;
+- a test replaces it by a subclass that counts calls.
+
+The model's forward only calls `module(x)`; it never reads `.weight` itself. The contract a
+replacement keeps: `forward(x [..., in_features]) -> [..., out_features]`, and the
+attributes `in_features` and `out_features`.
+
+Invariants: `weight` is [out_features, in_features] (what `F.linear` wants) whatever its
+memory layout; there is no bias (Llama has none). A weight may be shared with another
+module (the tied LM head shares the embedding's Parameter): code that replaces
+`weight` must re-tie it (`LlamaModel.use_matvec_layout` does).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Linear(nn.Module):
+    """y = x Wᵀ with W [out_features, in_features] and no bias.
+
+    `weight=None` allocates W (initialized as `nn.Linear` does, drawing the same random
+    numbers); passing a Parameter shares it instead (the tied LM head).
+    """
+
+    def __init__(self, in_features: int, out_features: int,
+                 weight: nn.Parameter | None = None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        if weight is None:
+            weight = nn.Parameter(torch.empty(out_features, in_features))
+            nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+        elif tuple(weight.shape) != (out_features, in_features):
+            raise ValueError(f"a shared weight must be [out_features, in_features] = "
+                             f"[{out_features}, {in_features}], got {tuple(weight.shape)}")
+        self.weight = weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+    def use_matvec_layout(self) -> None:
+        """Store the weight with its longer side contiguous in memory. Same values, same
+        [out, in] shape (a transposed view where needed), so `F.linear` is unchanged.
+
+        Why: batch-1 decode does one matrix-vector product per weight, and on a CPU its
+        speed is how fast the matrix streams from memory. BLAS matvecs stream long
+        contiguous rows faster than short ones, so gate|up [3072, 576] and the 49152 x 576
+        LM head run faster stored as [in, out], and down_proj [576, 1536] as it is
+        (`benchmarks/matvec_layout.py` measures each shape both ways). A subclass whose
+        weight is not a float matrix (a quantized one) is left alone.
+        """
+        w = getattr(self, "weight", None)
+        if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
+            return
+        if w.shape[0] >= w.shape[1] and not w.t().is_contiguous():
+            with torch.no_grad():
+                self.weight = nn.Parameter(w.t().contiguous().t(), requires_grad=False)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
