@@ -15,8 +15,8 @@ output tokens / wall time. Rows:
                         batch's longest output; only each request's own tokens are counted
 Also: (a) KV memory waste, sampled every step of the continuous run: paged (blocks held vs
 tokens stored) against contiguous reservation (prompt + max_tokens, or max_model_len per
-request); (b) prefix caching: TTFT of requests sharing a 512-token system prompt, sent one
-at a time, with caching on and off. Two ceilings: the workload's matmul FLOPs at this
+request); (b) prefix caching (benchmarks/prefix_caching.py): requests sharing a 512-token
+system prompt, sent one at a time and all together, with caching on and off. Two ceilings: the workload's matmul FLOPs at this
 machine's peak (square) matmul FLOP/s, and a GEMM-only replay of the continuous run's own
 schedule (same row counts per step, no attention, no glue), the tighter of the two.
 
@@ -46,6 +46,7 @@ import minillm  # noqa: E402
 from minillm.engine import LLMEngine, SamplingParams  # noqa: E402
 from minillm.perf import measure_matmul_flops  # noqa: E402
 from decode import load_hf  # noqa: E402  (same transformers reference as the decode benchmark)
+import prefix_caching  # noqa: E402
 from workload import PATH as WORKLOAD_PATH, make_workload  # noqa: E402
 
 
@@ -176,24 +177,6 @@ def run_hf_static(hf, reqs, batch_size, max_batches):
             "measured_wall_s": wall, "extrapolated": batches * batch_size < len(reqs)}
 
 
-def prefix_ttft(model, num_requests, caching, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    system = torch.randint(3, model.config.vocab_size, (512,), generator=g).tolist()
-    engine = LLMEngine(model, enable_prefix_caching=caching, max_num_batched_tokens=1024,
-                       kv_cache_memory_bytes=256 << 20)
-    ttfts = []
-    for i in range(num_requests):  # one at a time: TTFT is the prefill, not queueing
-        n_own = int(torch.randint(16, 65, (1,), generator=g))
-        own = torch.randint(3, model.config.vocab_size, (n_own,), generator=g).tolist()
-        engine.add_request(str(i), system + own, SamplingParams(max_tokens=2, ignore_eos=True))
-        while engine.has_unfinished_requests():
-            engine.step()
-        ttfts.append(engine.finished_metrics[(str(i), 0)].ttft)
-    warm = ttfts[1:]  # the first request fills the cache (when caching is on)
-    return {"mean_ttft_s": statistics.mean(warm), "first_request_ttft_s": ttfts[0],
-            "hit_rate": engine.prefix_cache_hit_rate()}
-
-
 def memory_waste(log, block_size, max_model_len):
     used = sum(b * block_size for b, _, _, _ in log)
     stored = sum(t for _, t, _, _ in log)
@@ -203,8 +186,9 @@ def memory_waste(log, block_size, max_model_len):
             "contiguous_prompt_plus_max_tokens_waste": 1 - stored / reserved_exact,
             f"contiguous_max_model_len_{max_model_len}_waste": 1 - stored / reserved_max,
             "note": "time-averaged over the continuous run's steps; waste = 1 - KV tokens "
-                    "stored / KV token slots reserved. Paged waste includes the slots of "
-                    "prompts admitted but not yet prefilled (whole prompts are reserved)."}
+                    "stored / KV token slots reserved. Blocks are reserved per step, for the "
+                    "tokens the step computes, so paged waste is the sequences' partly "
+                    "filled last blocks."}
 
 
 def main():
@@ -272,10 +256,8 @@ def main():
     n_prefix = 4 if args.quick else 8
     print("decode paths A/B (steps alternate kernel / gather in one run) ...", flush=True)
     ab = decode_path_ab(model, reqs)
-    print("prefix caching TTFT ...", flush=True)
-    prefix = {"shared_system_prompt_tokens": 512, "requests": n_prefix,
-              "on": prefix_ttft(model, n_prefix, True), "off": prefix_ttft(model, n_prefix, False)}
-    prefix["ttft_speedup"] = prefix["off"]["mean_ttft_s"] / prefix["on"]["mean_ttft_s"]
+    print("prefix caching ...", flush=True)
+    prefix = prefix_caching.measure(model, n_prefix)
 
     print(f"\nworkload: {wl['description']}\n{wl['num_output_tokens']} output tokens; "
           f"matmul {flops / 1e9:.0f} GFLOP/s -> ceiling {ceiling:.0f} output tok/s; load "
@@ -303,9 +285,7 @@ def main():
     print(f"\nKV waste: paged {memory['paged_waste']:.1%}, contiguous (prompt+max_tokens) "
           f"{memory['contiguous_prompt_plus_max_tokens_waste']:.1%}, contiguous (2048 per "
           f"request) {memory['contiguous_max_model_len_2048_waste']:.1%}")
-    print(f"prefix caching, 512-token shared prompt: TTFT {prefix['on']['mean_ttft_s']:.2f}s on "
-          f"vs {prefix['off']['mean_ttft_s']:.2f}s off ({prefix['ttft_speedup']:.1f}x), hit rate "
-          f"{prefix['on']['hit_rate']:.0%}")
+    print(prefix_caching.report(prefix))
     result = {"benchmark": "serving", "date": time.strftime("%Y-%m-%d %H:%M"),
               "machine": {"cpu_count": os.cpu_count(), "threads": args.threads,
                           "torch": torch.__version__, "matmul_GFLOPs": flops / 1e9,

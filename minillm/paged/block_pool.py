@@ -16,8 +16,9 @@ Invariants (`BlockManager.check_invariants` asserts them; the tests call it afte
   I2  ref_cnt == the number of block-table entries that hold the block;
   I3  num_free_blocks() == len(free queue), and free + referenced == num_blocks (no leak);
   I4  cached[h] is b  <=>  b.block_hash == h; then b is full, and its KV is that of
-      b.token_ids computed right after the block whose content_id is b.parent_content_id.
-      Only full, computed blocks are cached.
+      b.token_ids computed right after the block whose content_id is b.parent_content_id
+      (written by the end of the step that offered it: see `BlockManager`). Only full
+      blocks are cached.
 Free-queue order is deterministic, so tests can assert exact block ids:
   - a fresh pool hands out blocks 0, 1, 2, ... in id order;
   - allocation takes from the head (least recently freed), freeing appends to the tail;
@@ -27,9 +28,9 @@ A freed block keeps its hash: a later hit revives it (out of the free queue, ref
 Its hash is dropped only when the block is taken from the free queue for reuse (eviction).
 
 Prefix caching: full blocks are keyed by a chained hash of (parent_hash, block tokens). A
-block is cached only once its KV is computed (`cache_blocks`, or `append_slots` for the
-tokens before the new ones); if equal content is already cached elsewhere, the first copy
-stays the cached one. A hit is exact, not just probable: see `BlockPool.lookup`.
+block is cached when the step that computes it is scheduled (`BlockManager.cache_blocks`,
+or `append_slots` for the tokens before the new ones); if equal content is already cached
+elsewhere, the first copy stays the cached one. A hit is exact, not just probable: see `BlockPool.lookup`.
 """
 from __future__ import annotations
 
