@@ -3,14 +3,16 @@
     request.py       SamplingParams, Request (num_computed_tokens), RequestOutput, metrics
     scheduler.py     who runs each step, under a token budget; chunked prefill; preemption
     model_runner.py  one flattened forward pass per step; per-request sampling
+    config.py        EngineConfig: every engine option, checked once
+    step.py          run_step: one step of the loop (shared with Lab 05's simulator)
     llm_engine.py    LLMEngine: add_request / step / abort_request / generate / stats
 
-The attention context the runner plugs into the model is `minillm.paged.context`.
+The attention context the runner plugs into the model is `minillm.attention.paged`.
 """
 from .config import EngineConfig
 from .llm_engine import LLMEngine
 from .request import RequestMetrics, RequestOutput, RequestStatus, SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 
-__all__ = ["EngineConfig", "LLMEngine", "SamplingParams", "RequestOutput", "RequestMetrics", "RequestStatus",
-           "Scheduler", "SchedulerOutput"]
+__all__ = ["EngineConfig", "LLMEngine", "SamplingParams", "RequestOutput", "RequestMetrics",
+           "RequestStatus", "Scheduler", "SchedulerOutput"]

@@ -8,8 +8,10 @@
 A step (`minillm.engine.step.run_step`) is: `Scheduler.schedule` (who runs, how many
 tokens, blocks, prefix cache) -> `ModelRunner.execute` (one forward pass, logits of the
 sampling rows) -> `Scheduler.advance` (num_computed_tokens) -> fork n > 1 samples ->
-`sample_tokens` -> `Scheduler.append_tokens` (stop checks, free finished blocks). Every option lives in one `EngineConfig`
-(`minillm.engine.config`); `engine.config` is the resolved one in use.
+`sample_tokens` -> `Scheduler.append_tokens` (stop checks, free finished blocks).
+
+Every option lives in one `EngineConfig` (`minillm.engine.config`); `engine.config` is the
+resolved one in use (max_model_len, num_blocks and decode_path filled in).
 
 Sizing. `num_blocks=None` sizes the pool from a byte budget: `kv_cache_memory_bytes`, or by
 default half the free GPU memory on CUDA, and on CPU a quarter of the available RAM capped

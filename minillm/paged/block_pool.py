@@ -30,7 +30,8 @@ Its hash is dropped only when the block is taken from the free queue for reuse (
 Prefix caching: full blocks are keyed by a chained hash of (parent_hash, block tokens). A
 block is cached when the step that computes it is scheduled (`BlockManager.cache_blocks`,
 or `append_slots` for the tokens before the new ones); if equal content is already cached
-elsewhere, the first copy stays the cached one. A hit is exact, not just probable: see `BlockPool.lookup`.
+elsewhere, the first copy stays the cached one. A hit is exact, not just probable: see
+`BlockPool.lookup`.
 """
 from __future__ import annotations
 
