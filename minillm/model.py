@@ -200,11 +200,12 @@ class LlamaModel(nn.Module):
         return self.run(input_ids, positions, ctx, last_only)
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
-                      ctx=None) -> torch.Tensor:
+                      ctx=None, num_layers: int | None = None) -> torch.Tensor:
         """input_ids [B, T] -> h [B, T, hidden]: the last layer's output after the final
-        norm, i.e. what the LM head reads. Same arguments as `forward`."""
+        norm, i.e. what the LM head reads. Same arguments as `forward`. `num_layers` runs
+        only the first layers (a layer-skip draft model for speculative decoding)."""
         positions, ctx = self._check_inputs(input_ids, positions, ctx)
-        return self.norm(self._run_layers(input_ids, positions, ctx))
+        return self.norm(self._run_layers(input_ids, positions, ctx, num_layers))
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [..., hidden] (rows of `hidden_states`, any leading shape) -> logits [..., V].
@@ -225,11 +226,13 @@ class LlamaModel(nn.Module):
             self.check_positions(positions)
         return positions, NoCacheContext(self.attn_backend) if ctx is None else ctx
 
-    def _run_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
-        """Embedding and decoder layers, before the final norm; no argument checks."""
+    def _run_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx,
+                    num_layers: int | None = None) -> torch.Tensor:
+        """Embedding and the first `num_layers` decoder layers (all by default), before the
+        final norm; no argument checks."""
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         x = self.embed_tokens(input_ids)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.layers[:num_layers]):
             x = layer(x, cos, sin, ctx, i)
         return x
 

@@ -41,13 +41,23 @@ def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) 
     return logits
 
 
+def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int | None = None,
+                   top_p: float | None = None) -> torch.Tensor:
+    """The distribution `sample_next` draws from (temperature > 0): logits [..., V] ->
+    fp32 probabilities [..., V], zero outside the top-k / top-p nucleus."""
+    return filter_logits(logits.float() / temperature, top_k, top_p).softmax(-1)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    """One token id drawn from probs [V] (with `generator`, reproducibly)."""
+    if generator is not None and generator.device.type == "cpu":
+        probs = probs.to("cpu")
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
 def sample_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
                 top_p: float | None = None, generator: torch.Generator | None = None) -> int:
     """Pick one token id from logits [V]."""
     if temperature == 0:
         return int(logits.argmax())
-    logits = filter_logits(logits.float() / temperature, top_k, top_p)
-    probs = logits.softmax(-1)
-    return int(torch.multinomial(probs.to("cpu") if generator is not None and
-                                 generator.device.type == "cpu" else probs, 1,
-                                 generator=generator))
+    return draw(sampling_probs(logits, temperature, top_k, top_p), generator)

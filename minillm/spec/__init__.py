@@ -1,0 +1,16 @@
+"""Speculative decoding: a cheap draft guesses k tokens, the target verifies them in one
+pass, and an acceptance rule keeps the output exactly the target's.
+
+    rejection.py  rejection_sample: the acceptance rule (lossless sampling)
+    drafts.py     NgramDraft (prompt lookup), ModelDraft, LayerSkipDraft
+    decode.py     speculative_generate -> SpecOutput (tokens, passes, acceptance rate)
+
+The expected tokens per pass and the speedup are `calc.spec_expected_tokens` and
+`calc.spec_speedup`.
+"""
+from .decode import SpecOutput, speculative_generate
+from .drafts import LayerSkipDraft, ModelDraft, NgramDraft
+from .rejection import rejection_sample
+
+__all__ = ["rejection_sample", "speculative_generate", "SpecOutput", "NgramDraft",
+           "ModelDraft", "LayerSkipDraft"]
