@@ -183,6 +183,9 @@ def test_spec_naive_overestimates():
 def test_spec_speedup_and_optimal_k():
     assert calc.spec_speedup(0.8, 5, 0.05) == approx(3.68928 / 1.25)
     assert calc.spec_speedup(0.8, 0, 0.05) == 1
+    # A verification pass that costs two decode steps (a CPU's small GEMM) halves the gain.
+    assert calc.spec_speedup(0.8, 5, 0.05, verify_cost=2.0) == approx(3.68928 / 2.25)
+    assert calc.spec_speedup(0.8, 0, 0.05, verify_cost=2.0) == 1
     best = calc.spec_optimal_k(0.8, 0.05)
     assert best == 8
     top = calc.spec_speedup(0.8, best, 0.05)

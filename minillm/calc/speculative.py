@@ -30,16 +30,20 @@ def spec_expected_tokens_naive(alpha, k) -> float:
     return _int("k", k, minimum=0) * _probability("alpha", alpha) + 1
 
 
-def spec_speedup(alpha, k, cost_ratio) -> float:
-    """Speedup over plain decoding: ``expected_tokens / (1 + k · r)``.
+def spec_speedup(alpha, k, cost_ratio, verify_cost=1.0) -> float:
+    """Speedup over plain decoding: ``expected_tokens / (verify_cost + k · r)``.
 
     ``r`` = cost of one draft step ÷ cost of one target step. One round costs k draft steps
-    plus one target pass (verifying k tokens costs about one step while memory-bound).
+    plus one target pass over k + 1 tokens. ``verify_cost`` is that pass ÷ one decode step:
+    about 1 while the pass is memory-bound (a GPU reads the weights once for all k + 1
+    tokens), but measured at ~2 on a 2-core CPU, where a few rows instead of one take BLAS
+    from its matrix-vector path to a small GEMM (`benchmarks/spec.py` measures it).
     k = 0 is plain decoding (speedup 1).
     """
     r = _real("cost_ratio", cost_ratio, allow_zero=True)
     kk = _int("k", k, minimum=0)
-    return spec_expected_tokens(alpha, kk) / (1 + kk * r)
+    c = _real("verify_cost", verify_cost)
+    return spec_expected_tokens(alpha, kk) / ((c if kk else 1.0) + kk * r)
 
 
 def spec_optimal_k(alpha, cost_ratio, k_max=16) -> int:
