@@ -21,16 +21,8 @@ import torch
 
 from .attention import ContiguousCacheContext, NoCacheContext
 from .kv_cache import KVCache
-from .prompts import check_context_length, check_prompt, stop_token_set
+from .prompts import check_context_length, check_generation, stop_token_set
 from .sampling import make_generator, sample_next, validate_sampling
-
-
-def _check_request(model, prompt_ids, max_new_tokens) -> list[int]:
-    prompt = check_prompt(prompt_ids, model.config.vocab_size)
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    check_context_length(len(prompt), max_new_tokens, model.config.max_position_embeddings)
-    return prompt
 
 
 @torch.inference_mode()
@@ -49,7 +41,7 @@ def generate_stream(model, prompt_ids, max_new_tokens: int, temperature: float =
     if compile and (not use_cache or append_fn is not None or attend_fn is not None):
         raise ValueError("compile=True needs use_cache=True and the default append_fn / "
                          "attend_fn (a student's functions run eagerly)")
-    prompt = _check_request(model, prompt_ids, max_new_tokens)
+    prompt = check_generation(model, prompt_ids, max_new_tokens)
     validate_sampling(temperature, top_k, top_p)
     if max_new_tokens == 0:
         return
@@ -109,7 +101,7 @@ def generate_batch(model, prompts: Sequence[Sequence[int]], max_new_tokens, temp
               else list(max_new_tokens))
     if len(limits) != len(prompts):
         raise ValueError(f"got {len(limits)} max_new_tokens values for {len(prompts)} prompts")
-    prompts = [_check_request(model, p, n) for p, n in zip(prompts, limits)]
+    prompts = [check_generation(model, p, n) for p, n in zip(prompts, limits)]
     validate_sampling(temperature, top_k, top_p)
     stops = stop_token_set(stop_token_ids, model.config.eos_token_id, ignore_eos)
     B, device = len(prompts), model.device

@@ -34,6 +34,17 @@ def check_context_length(num_prompt_tokens: int, num_new_tokens: int, limit: int
                          f"or ask for at most {max(limit - num_prompt_tokens, 0)} new tokens")
 
 
+def check_generation(model, prompt_ids, max_new_tokens) -> list[int]:
+    """What `generate` and `speculative_generate` check: the prompt, max_new_tokens (an
+    int >= 0) and that both fit the model's context. Returns the prompt as list[int]."""
+    prompt = check_prompt(prompt_ids, model.config.vocab_size)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+            or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    check_context_length(len(prompt), max_new_tokens, model.config.max_position_embeddings)
+    return prompt
+
+
 def stop_token_set(stop_token_ids, eos_token_id: int | None, ignore_eos: bool) -> frozenset[int]:
     """The ids that end generation: the caller's stop tokens, plus EOS unless ignored."""
     stops = set(stop_token_ids or ())

@@ -25,9 +25,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..attention import ContiguousCacheContext
-from ..generate import _check_request
 from ..kv_cache import KVCache
-from ..prompts import stop_token_set
+from ..prompts import check_generation, stop_token_set
 from ..sampling import make_generator, sampling_probs, validate_sampling
 from .rejection import rejection_sample
 
@@ -59,7 +58,7 @@ def speculative_generate(target, draft, prompt_ids, max_new_tokens: int, k: int 
         raise ValueError(f"the draft's vocabulary has {vocab} tokens, the target's "
                          f"{target.config.vocab_size}: a draft must share the target's "
                          f"tokenizer")
-    prompt = _check_request(target, prompt_ids, max_new_tokens)
+    prompt = check_generation(target, prompt_ids, max_new_tokens)
     validate_sampling(temperature, top_k, top_p)
     out = SpecOutput()
     if max_new_tokens == 0:
