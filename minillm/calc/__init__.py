@@ -30,8 +30,7 @@ One module per topic; every name is re-exported here, so ``calc.kv_cache_bytes(.
 
 from __future__ import annotations
 
-from ._common import (DTYPE_BYTES, GB, KB, MB, TB, GiB, _attention_dims, _describe, _heads,
-                      _int, _items, _lengths, _probability, _real)
+from ._common import DTYPE_BYTES, GB, KB, MB, TB, GiB
 from .attention import attention_intensity, attention_kind, attention_matrix_bytes, gqa_reduction
 from .batching import (continuous_batch_ideal_throughput, static_batch_throughput,
                        static_batch_utilization, static_batch_wasted_steps)

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..attention import ContiguousCacheContext
 from ..kv_cache import KVCache
 from ..prompts import check_generation, stop_token_set
 from ..sampling import make_generator, sampling_probs, validate_sampling
+from .drafts import cached_logits
 from .rejection import rejection_sample
 
 
@@ -69,22 +69,15 @@ def speculative_generate(target, draft, prompt_ids, max_new_tokens: int, k: int 
     draft.reset(max_len, temperature, generator)
     cache = KVCache(target.config, 1, max_len, target.dtype, target.device)
 
-    def score(ids: list[int], start: int) -> torch.Tensor:
-        """Target logits [len(ids), V] for ids at positions start.. (written to the cache)."""
-        x = torch.tensor([ids], device=target.device)
-        pos = torch.arange(start, start + len(ids), device=target.device)[None]
-        ctx = ContiguousCacheContext(target.attn_backend, cache, start)
-        return target.compute_logits(target.hidden_states(x, pos, ctx)[0]).float()
-
     # The prompt but its last token fills the cache; the first step feeds that token.
     if len(prompt) > 1:
-        score(prompt[:-1], 0)
+        cached_logits(target, cache, prompt[:-1], 0, last_only=True)
     context = list(prompt)
     while len(out.tokens) < max_new_tokens:
         room = max_new_tokens - len(out.tokens) - 1  # guesses beyond it could never be kept
         guesses, q = draft.propose(context, min(k, room)) if room > 0 else ([], None)
         guesses = list(guesses)
-        logits = score([context[-1]] + guesses, len(context) - 1)
+        logits = cached_logits(target, cache, [context[-1]] + guesses, len(context) - 1)
         out.num_target_passes += 1
         if temperature == 0:
             best = logits.argmax(-1).tolist()

@@ -32,6 +32,18 @@ from ..kv_cache import KVCache
 from ..sampling import draw, sampling_probs
 
 
+def cached_logits(model, cache: KVCache, ids: list[int], start: int, last_only: bool = False,
+                  num_layers: int | None = None) -> torch.Tensor:
+    """Run ids at positions start.. over `cache` (their K/V are written into it) and return
+    fp32 logits [len(ids), V], or [1, V] for the last token only (the LM head is the
+    largest matrix: a draft needs one row). num_layers: the first layers only."""
+    x = torch.tensor([ids], device=model.device)
+    pos = torch.arange(start, start + len(ids), device=model.device)[None]
+    ctx = ContiguousCacheContext(model.attn_backend, cache, start)
+    h = model.hidden_states(x, pos, ctx, num_layers=num_layers)[0]
+    return model.compute_logits(h[-1:] if last_only else h).float()
+
+
 class NgramDraft:
     """Prompt lookup: match the context's last n tokens (n = max_ngram down to min_ngram)
     at their most recent earlier occurrence and propose the k tokens that followed it."""
@@ -112,12 +124,8 @@ class ModelDraft:
 
     def _forward(self, ids: list[int], start: int) -> torch.Tensor:
         """Logits [V] after ids, written into the cache at positions start.."""
-        m = self.model
-        x = torch.tensor([ids], device=m.device)
-        pos = torch.arange(start, start + len(ids), device=m.device)[None]
-        ctx = ContiguousCacheContext(m.attn_backend, self.cache, start)
-        h = m.hidden_states(x, pos, ctx, num_layers=self.num_layers)
-        return m.compute_logits(h[0, -1])
+        return cached_logits(self.model, self.cache, ids, start, last_only=True,
+                             num_layers=self.num_layers)[0]
 
 
 class LayerSkipDraft(ModelDraft):
