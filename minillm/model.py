@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from .attention import NoCacheContext, get_backend
 from .config import ModelConfig
-from .layers import Linear
+from .layers import Linear, cpu_linear
 
 
 class RMSNorm(nn.Module):
@@ -256,6 +256,7 @@ class LlamaModel(nn.Module):
         by torch afterwards). dynamic=True: one graph serves every position and cache size.
         """
         if self._compiled_run is None:
+            cpu_linear.load_kernel()  # build it (once) now: a build inside a trace breaks the graph
             self._compiled_run = torch.compile(self.run, dynamic=True)
         return self._compiled_run
 

@@ -5,7 +5,7 @@ import torch
 
 import minillm
 from minillm import LlamaModel, ModelConfig
-from minillm.layers import Linear
+from minillm.layers import Linear, cpu_linear
 
 
 def model_and_ids(seed=0):
@@ -52,12 +52,23 @@ def test_every_weight_product_goes_through_a_swappable_linear():
         max_tokens=12, ignore_eos=True)) == [tokens]
 
 
-def test_the_tied_lm_head_is_one_tensor_with_the_embedding():
-    model, _ = model_and_ids()
+def test_the_tied_lm_head_is_one_tensor_with_the_embedding(monkeypatch):
+    # Without the C++ small-M kernel, BLAS's matvec wants [V, d] stored as [d, V].
+    monkeypatch.setenv("MINILLM_CPU_KERNEL", "0")
+    model, ids = model_and_ids()
+    logits = model(ids)
     assert model.lm_head.weight is model.embed_tokens.weight
     model.use_matvec_layout()  # replaces the Parameter: the tie must survive
     assert model.lm_head.weight is model.embed_tokens.weight
     assert model.lm_head.weight.t().is_contiguous()  # [V, d] with V > d: stored [d, V]
+    torch.testing.assert_close(model(ids), logits)
+    # With the kernel, every weight goes back to [out, in] contiguous, the tie kept.
+    monkeypatch.setenv("MINILLM_CPU_KERNEL", "1")
+    if cpu_linear.load_kernel() is not None:
+        model.use_matvec_layout()
+        assert model.lm_head.weight is model.embed_tokens.weight
+        assert all(m.weight.is_contiguous() for m in model.modules() if isinstance(m, Linear))
+        torch.testing.assert_close(model(ids), logits)
 
 
 def test_matvec_layout_leaves_non_float_linears_alone():

@@ -5,6 +5,7 @@ import torch
 import minillm
 from minillm import LlamaModel, ModelConfig
 from minillm.kv_cache import KVCache, cached_attention, kv_cache_append
+from minillm.layers import cpu_linear
 from minillm.model import apply_rope, rope_cos_sin
 
 CONFIGS = {
@@ -207,7 +208,12 @@ def test_rope_matches_the_half_split_formula():
                                atol=1e-5, rtol=1e-5)
 
 
-def test_matvec_layout_keeps_values_and_outputs():
+@pytest.mark.parametrize("kernel", ["0", "1"])
+def test_matvec_layout_keeps_values_and_outputs(monkeypatch, kernel):
+    # MINILLM_CPU_KERNEL=0: BLAS's matvec, which wants the longer side contiguous; with the
+    # C++ small-M kernel (when built), every weight [out, in] contiguous.
+    monkeypatch.setenv("MINILLM_CPU_KERNEL", kernel)
+    with_kernel = cpu_linear.load_kernel() is not None
     model = make("deep", seed=4)
     ids = torch.tensor([prompt(4, 9)])
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -215,7 +221,9 @@ def test_matvec_layout_keeps_values_and_outputs():
     model.use_matvec_layout()
     for name, p in model.state_dict().items():
         torch.testing.assert_close(p, before[name], rtol=0, atol=0)
-        if p.dim() == 2:  # the longer side is the contiguous one
+        if p.dim() == 2 and with_kernel:
+            assert p.is_contiguous(), name
+        elif p.dim() == 2:  # the longer side is the contiguous one
             rows_contiguous = p.shape[0] >= p.shape[1]
             assert p.t().is_contiguous() == rows_contiguous, name
     torch.testing.assert_close(model(ids), logits, rtol=1e-5, atol=1e-5)

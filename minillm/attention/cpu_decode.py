@@ -7,57 +7,26 @@ attention took a third of a 64-sequence decode step. `csrc/paged_decode_cpu.cpp`
 CPU counterpart of the Triton `paged_decode_attention`: it follows the block table itself
 and reads each K/V row once. `benchmarks/serving.py` measures both paths side by side.
 
-The kernel is C++ built on first use with `torch.utils.cpp_extension.load` (a C++ compiler
-and `ninja`). The build takes about 40 s once; the result is cached under
-~/.cache/torch_extensions (or $TORCH_EXTENSIONS_DIR). `make setup` builds it ahead
-(`cpu_decode.main()`), so no notebook cell waits for the compiler. Where it cannot be
-built (no compiler, another OS), `load_kernel()` warns once and returns None, and the engine
-keeps the PyTorch path: same results, slower. MINILLM_CPU_KERNEL=0 switches it off.
+The kernel is C++, built on first use by `minillm.cpp_extension` (about 40 s once, then
+cached; `make setup` builds it ahead). Where it cannot be built, `load_kernel()` warns once
+and returns None, and the engine keeps the PyTorch path: same results, slower.
+MINILLM_CPU_KERNEL=0 switches it off.
 """
 from __future__ import annotations
 
-import os
-import sys
-import warnings
 from pathlib import Path
 
 import torch
 
+from .. import cpp_extension
+
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode_cpu.cpp"
-_kernel = None
-_tried = False
-
-
-def _build_flags() -> tuple[str, list[str]]:
-    """(extension name, compiler flags) for this CPU. The name carries the instruction set,
-    so a cache directory shared by different machines never hands one the other's build."""
-    vector_isa = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-    flags = ["-O3"] + (["-mavx2", "-mfma"] if vector_isa else [])
-    if sys.platform.startswith("linux"):
-        flags.append("-fopenmp")  # at::parallel_for runs on PyTorch's OpenMP threads
-    return f"minillm_paged_decode_cpu_{'avx2' if vector_isa else 'generic'}", flags
 
 
 def load_kernel():
     """The compiled extension, or None if switched off or not buildable here (warns once)."""
-    global _kernel, _tried
-    if os.environ.get("MINILLM_CPU_KERNEL", "1") == "0":
-        return None
-    if not _tried:
-        _tried = True
-        name, flags = _build_flags()
-        try:
-            from torch.utils.cpp_extension import load
-
-            _kernel = load(name, [str(SOURCE)], extra_cflags=flags,
-                           extra_ldflags=["-fopenmp"] if "-fopenmp" in flags else [],
-                           verbose=False)
-        except Exception as e:  # compiler, ninja or headers missing: keep the torch path
-            warnings.warn(f"minillm: could not build the CPU paged-decode kernel ({type(e).__name__}: "
-                          f"{str(e).strip().splitlines()[-1] if str(e).strip() else e!r}); "
-                          "the engine uses the slower PyTorch gather path instead",
-                          RuntimeWarning, stacklevel=2)
-    return _kernel
+    return cpp_extension.load("minillm_paged_decode_cpu", SOURCE,
+                              "the engine uses the slower PyTorch gather path")
 
 
 def supports(k_cache: torch.Tensor) -> bool:
@@ -86,17 +55,3 @@ def paged_decode_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                                        context_lens.to(torch.int32).contiguous(), scale)
     except RuntimeError as e:  # the kernel's argument checks (TORCH_CHECK) raise these
         raise ValueError(str(e).splitlines()[0]) from None
-
-
-def main() -> None:
-    """Build (or load) the kernel now and say how it went: `make setup` calls this."""
-    import time
-
-    t0 = time.perf_counter()
-    kernel = load_kernel()
-    if kernel is None:
-        print("minillm: the CPU paged-decode kernel is not available; the engine will use "
-              "the PyTorch gather path")
-    else:
-        print(f"minillm: CPU paged-decode kernel ready ({kernel.__file__}, "
-              f"{time.perf_counter() - t0:.0f} s)")

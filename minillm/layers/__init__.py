@@ -1,5 +1,7 @@
 """Layers that other parts of minillm swap in and out. Today: `Linear`, the one seam for
-every weight matrix product in the model (see `minillm.layers.linear`)."""
+every weight matrix product in the model (see `minillm.layers.linear`), and `cpu_linear`,
+the C++ kernel it sends a few rows to on a CPU."""
+from . import cpu_linear
 from .linear import Linear
 
-__all__ = ["Linear"]
+__all__ = ["Linear", "cpu_linear"]

@@ -25,6 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import cpu_linear
+
 
 class Linear(nn.Module):
     """y = x Wᵀ with W [out_features, in_features] and no bias.
@@ -46,25 +48,40 @@ class Linear(nn.Module):
         self.weight = weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # A few fp32 rows on the CPU (decode, speculative verify, a small batch): the C++
+        # kernel that streams W once. Anything else (prefill, GPU, autograd): F.linear.
+        if cpu_linear.applies(x, self.weight) and cpu_linear.load_kernel() is not None:
+            return cpu_linear.linear(x, self.weight)
         return F.linear(x, self.weight)
 
     def use_matvec_layout(self) -> None:
-        """Store the weight with its longer side contiguous in memory. Same values, same
-        [out, in] shape (a transposed view where needed), so `F.linear` is unchanged.
+        """Store the weight in the layout that decoding reads fastest on this machine. Same
+        values, same [out, in] shape (a transposed view where needed), same `F.linear`.
 
         Why: batch-1 decode does one matrix-vector product per weight, and on a CPU its
-        speed is how fast the matrix streams from memory. BLAS matvecs stream long
-        contiguous rows faster than short ones, so gate|up [3072, 576] and the 49152 x 576
-        LM head run faster stored as [in, out], and down_proj [576, 1536] as it is
-        (`benchmarks/matvec_layout.py` measures each shape both ways). A subclass whose
+        speed is how fast the matrix streams from memory. With the C++ small-M kernel
+        (`cpu_linear`), that is W as stored by `nn.Linear`, [out, in] contiguous: each
+        output's weights are one contiguous row. Without it, BLAS's matrix-vector product
+        streams long contiguous rows faster than short ones, so gate|up [3072, 576] and the
+        49152 x 576 LM head run faster stored as [in, out], and down_proj [576, 1536] as it
+        is (`benchmarks/matvec_layout.py` measures each shape both ways). A subclass whose
         weight is not a float matrix (a quantized one) is left alone.
         """
         w = getattr(self, "weight", None)
         if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
             return
-        if w.shape[0] >= w.shape[1] and not w.t().is_contiguous():
-            with torch.no_grad():
-                self.weight = nn.Parameter(w.t().contiguous().t(), requires_grad=False)
+        if w.device.type == "cpu" and w.dtype == torch.float32 and cpu_linear.load_kernel():
+            want_transposed = False
+        else:
+            want_transposed = w.shape[0] >= w.shape[1]
+        if want_transposed and not w.t().is_contiguous():
+            new = w.t().contiguous().t()
+        elif not want_transposed and not w.is_contiguous():
+            new = w.contiguous()
+        else:
+            return
+        with torch.no_grad():
+            self.weight = nn.Parameter(new, requires_grad=False)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"

@@ -2,7 +2,7 @@
 // read IN PLACE through the block table. The PyTorch path (minillm.paged.context) first
 // gathers each sequence's K/V into a padded copy with index_select and then runs SDPA over
 // the copy, so the cache crosses memory three times (read, write, read again); here once.
-// Python side, build and fallback: minillm/paged/cpu_decode.py.
+// Python side, build and fallback: minillm/attention/cpu_decode.py.
 //
 // Layout (as everywhere in minillm.paged): k_cache / v_cache [num_blocks, block_size, Hkv, D];
 // position t of sequence b is slot block_tables[b, t / block_size] * block_size

@@ -1,0 +1,81 @@
+"""Build minillm's C++ CPU kernels on first use, or say why not and fall back.
+
+Two kernels live in C++ (each beside the module that calls it, in a `csrc/` folder):
+`attention/csrc/paged_decode_cpu.cpp` (decode attention read in place through the block
+table) and `layers/csrc/small_m_linear_cpu.cpp` (a weight product for a few rows that
+streams the weight once). Each is compiled with `torch.utils.cpp_extension.load` (a C++
+compiler and `ninja`); a build takes 30–40 s once and is cached under
+~/.cache/torch_extensions (or $TORCH_EXTENSIONS_DIR). `make setup` builds both ahead, so no
+notebook cell waits for the compiler.
+
+Where a kernel cannot be built (no compiler, another OS), `load` warns once and returns
+None, and the caller keeps its PyTorch path: same results to rounding, slower.
+MINILLM_CPU_KERNEL=0 switches every C++ kernel off (the PyTorch paths then run, e.g. to
+compare against them).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+_loaded: dict[str, object] = {}
+
+
+def enabled() -> bool:
+    """False when MINILLM_CPU_KERNEL=0 asks for the PyTorch paths."""
+    return os.environ.get("MINILLM_CPU_KERNEL", "1") != "0"
+
+
+def build_flags(stem: str) -> tuple[str, list[str]]:
+    """(extension name, compiler flags) for this CPU. The name carries the instruction set,
+    so a cache directory shared by different machines never hands one the other's build."""
+    vector_isa = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    flags = ["-O3"] + (["-mavx2", "-mfma"] if vector_isa else [])
+    if sys.platform.startswith("linux"):
+        flags.append("-fopenmp")  # at::parallel_for runs on PyTorch's OpenMP threads
+    return f"{stem}_{'avx2' if vector_isa else 'generic'}", flags
+
+
+def load(stem: str, source: Path, fallback: str):
+    """The compiled extension for `source`, or None if switched off or not buildable here.
+
+    `fallback` names what the caller does instead; it goes into the one warning."""
+    if not enabled():
+        return None
+    if stem not in _loaded:
+        name, flags = build_flags(stem)
+        try:
+            from torch.utils.cpp_extension import load as cpp_load
+
+            _loaded[stem] = cpp_load(name, [str(source)], extra_cflags=flags,
+                                     extra_ldflags=["-fopenmp"] if "-fopenmp" in flags else [],
+                                     verbose=False)
+        except Exception as e:  # compiler, ninja or headers missing: keep the torch path
+            _loaded[stem] = None
+            last = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
+            warnings.warn(f"minillm: could not build {source.name} ({type(e).__name__}: {last}); "
+                          f"{fallback} instead", RuntimeWarning, stacklevel=3)
+    return _loaded[stem]
+
+
+def main() -> None:
+    """Build (or load) every C++ kernel now and say how it went: `make setup` calls this
+    (`from minillm.cpp_extension import main; main()`)."""
+    import time
+
+    from .attention import cpu_decode
+    from .layers import cpu_linear
+
+    for what, module in (("paged-decode attention", cpu_decode), ("small-M linear", cpu_linear)):
+        t0 = time.perf_counter()
+        kernel = module.load_kernel()
+        if kernel is None:
+            print(f"minillm: the CPU {what} kernel is not available; the PyTorch path runs instead")
+        else:
+            print(f"minillm: CPU {what} kernel ready ({kernel.__file__}, "
+                  f"{time.perf_counter() - t0:.0f} s)")
+

@@ -1,0 +1,102 @@
+// y = x W^T for a FEW rows of x on the CPU, streaming W from memory once.
+// Python side, build and fallback: minillm/layers/cpu_linear.py.
+//
+// Why: decoding one token multiplies 1 row by every weight matrix; verifying k speculative
+// tokens multiplies k + 1 rows. Either way the time should be the time to read W, since
+// W (MBs) dwarfs x (KBs). BLAS does that for 1 row (its matrix-vector path) but switches to
+// a GEMM for 2..8 rows that re-streams W in panels, and then 5 rows cost almost 2 steps.
+// Here every tile of W is read from memory once and multiplied by all M rows while it
+// sits in registers and L1, so M <= 16 rows cost about what 1 row does.
+//
+// Layout: x [M, K] and W [N, K] contiguous (W as nn.Linear stores it: each output's weights
+// are one contiguous row); y [M, N].
+//
+// Exactness and batch invariance: y[m, n] is accumulated in one fixed order (8 lanes over
+// k in steps of 8, a fixed pairwise sum of the lanes, then the k % 8 tail), whatever M is
+// and however the rows are tiled. So a row's result does not depend on which other rows
+// share the call: 1 row alone and the same row among 5 give the same bits. Speculative
+// decoding relies on this to keep greedy verification identical to plain decoding.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+namespace {
+
+typedef float vf8 __attribute__((vector_size(32), aligned(4)));
+
+inline vf8 load8(const float* p) { return *reinterpret_cast<const vf8*>(p); }
+
+inline float hsum(vf8 v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// R output rows (n0..n0+R-1) times MB input rows (m0..m0+MB-1). R * MB accumulators live in
+// registers (at most 8 of AVX2's 16); each 8-float chunk of W is loaded once per call and
+// used MB times, each chunk of x once and used R times.
+template <int R, int MB>
+inline void tile(const float* __restrict x, const float* __restrict w, float* __restrict y,
+                 int64_t K, int64_t N, int64_t m0, int64_t n0) {
+  vf8 acc[R][MB];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < MB; ++j) acc[r][j] = vf8{0, 0, 0, 0, 0, 0, 0, 0};
+  const int64_t K8 = K - K % 8;
+  for (int64_t k = 0; k < K8; k += 8) {
+    vf8 wv[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) wv[r] = load8(w + (n0 + r) * K + k);
+#pragma GCC unroll 4
+    for (int j = 0; j < MB; ++j) {
+      const vf8 xv = load8(x + (m0 + j) * K + k);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r][j] += wv[r] * xv;
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < MB; ++j) {
+      float s = hsum(acc[r][j]);
+      for (int64_t k = K8; k < K; ++k) s += w[(n0 + r) * K + k] * x[(m0 + j) * K + k];
+      y[(m0 + j) * N + n0 + r] = s;
+    }
+}
+
+// All M rows against output rows n0..n0+R-1, two x rows at a time.
+template <int R>
+inline void rows(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N,
+                 int64_t n0) {
+  int64_t m = 0;
+  for (; m + 2 <= M; m += 2) tile<R, 2>(x, w, y, K, N, m, n0);
+  if (m < M) tile<R, 1>(x, w, y, K, N, m, n0);
+}
+
+}  // namespace
+
+torch::Tensor small_m_linear(torch::Tensor x, torch::Tensor w) {
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "small_m_linear: CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat,
+              "small_m_linear: float32 only, got ", x.scalar_type(), " and ", w.scalar_type());
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "small_m_linear: x [M, K] and W [N, K]");
+  TORCH_CHECK(x.size(1) == w.size(1), "small_m_linear: x has ", x.size(1),
+              " features, W expects ", w.size(1));
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous(),
+              "small_m_linear: x and W must be contiguous ([N, K] row-major W)");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  constexpr int64_t R = 4;
+  const int64_t tiles = N / R;
+  // Grain: 16 tiles = 64 output rows, 147 KB of W at K = 576; enough work per task.
+  at::parallel_for(0, tiles, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) rows<R>(xp, wp, yp, M, K, N, t * R);
+  });
+  for (int64_t n = tiles * R; n < N; ++n) rows<1>(xp, wp, yp, M, K, N, n);
+  return y;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("small_m_linear", &small_m_linear, "y = x W^T for a few rows of x (W [N, K])");
+}

@@ -1,0 +1,102 @@
+"""The C++ small-M linear kernel (minillm.layers.cpu_linear) == x @ W.T, row by row the same
+bits whatever else shares the call, and `Linear` uses it exactly where it should."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minillm
+from minillm import LlamaModel, ModelConfig
+from minillm.layers import Linear, cpu_linear
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel():
+    k = cpu_linear.load_kernel()
+    if k is None:
+        pytest.skip("the C++ small-M linear kernel could not be built here")
+    return k
+
+
+# (N, K): SmolLM2's shapes, and odd ones that leave tails (N % 4, K % 8).
+SHAPES = [(49152, 576), (3072, 576), (576, 1536), (960, 576), (7, 13), (5, 8), (130, 3)]
+
+
+@pytest.mark.parametrize("n, k", SHAPES)
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 16])
+def test_matches_float64_reference(n, k, m):
+    g = torch.Generator().manual_seed(n * 31 + k * 7 + m)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    want = x.double() @ w.double().T
+    torch.testing.assert_close(cpu_linear.small_m_linear(x, w).double(), want,
+                               rtol=0, atol=2e-6 * k ** 0.5 * 8)
+
+
+@pytest.mark.parametrize("n, k", [(49152, 576), (576, 1536), (7, 13)])
+def test_each_row_is_bit_identical_whatever_shares_the_call(n, k):
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(16, k, generator=g), torch.randn(n, k, generator=g)
+    alone = torch.cat([cpu_linear.small_m_linear(x[i:i + 1], w) for i in range(16)])
+    for m in (2, 5, 16):
+        assert torch.equal(cpu_linear.small_m_linear(x[:m], w), alone[:m]), m
+
+
+def test_leading_dims_are_kept():
+    x, w = torch.randn(2, 3, 24), torch.randn(40, 24)
+    y = cpu_linear.small_m_linear(x, w)
+    assert y.shape == (2, 3, 40)
+    torch.testing.assert_close(y, F.linear(x, w))
+
+
+def test_bad_arguments_get_a_clear_error():
+    w = torch.randn(8, 16)
+    with pytest.raises(ValueError, match="x has 12 features, W expects 16"):
+        cpu_linear.small_m_linear(torch.randn(2, 12), w)
+    with pytest.raises(ValueError, match="float32 only"):
+        cpu_linear.small_m_linear(torch.randn(2, 16, dtype=torch.float64), w.double())
+    with pytest.raises(ValueError, match="contiguous"):
+        cpu_linear.small_m_linear(torch.randn(2, 16), torch.randn(16, 8).t())
+
+
+def test_applies_only_to_few_fp32_cpu_rows_without_autograd():
+    w = torch.randn(8, 16)
+    assert cpu_linear.applies(torch.randn(1, 16), w)
+    assert cpu_linear.applies(torch.randn(2, 8, 16), w)  # 16 rows
+    assert not cpu_linear.applies(torch.randn(cpu_linear.MAX_ROWS + 1, 16), w)  # prefill
+    assert not cpu_linear.applies(torch.randn(0, 16), w)
+    assert not cpu_linear.applies(torch.randn(1, 16).double(), w.double())
+    assert not cpu_linear.applies(torch.randn(1, 16), torch.randn(16, 8).t())  # [in, out]
+    assert not cpu_linear.applies(torch.randn(1, 16, requires_grad=True), w)  # training
+    with torch.no_grad():
+        assert cpu_linear.applies(torch.randn(1, 16, requires_grad=True), w)
+
+
+def tiny_model():
+    cfg = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=64)
+    return LlamaModel(cfg).init_random_weights(seed=2).eval()
+
+
+@torch.inference_mode()
+def test_decode_steps_use_the_kernel_and_prefill_uses_blas(monkeypatch):
+    model = tiny_model()
+    prompt = list(range(3, 23))  # 20 tokens: more than MAX_ROWS, so prefill goes to BLAS
+    calls = {"kernel": 0, "blas": 0}
+    kernel_linear, blas_linear = cpu_linear.linear, F.linear
+
+    def counted(key, fn):
+        def wrapper(*args):
+            calls[key] += 1
+            return fn(*args)
+        return wrapper
+    monkeypatch.setattr(cpu_linear, "linear", counted("kernel", kernel_linear))
+    monkeypatch.setattr(F, "linear", counted("blas", blas_linear))
+    tokens = minillm.generate(model, prompt, 6, ignore_eos=True)
+    per_pass = 4 * model.config.num_layers + 1
+    # Prefill: 8 projections through BLAS, the LM head on the last row through the kernel;
+    # then 5 decode steps of one row each, every product through the kernel.
+    assert calls == {"kernel": 1 + 5 * per_pass, "blas": per_pass - 1}
+    # Switched off, BLAS does every product, and greedy decoding agrees.
+    monkeypatch.setenv("MINILLM_CPU_KERNEL", "0")
+    calls.update(kernel=0, blas=0)
+    assert minillm.generate(model, prompt, 6, ignore_eos=True) == tokens
+    assert calls == {"kernel": 0, "blas": 6 * per_pass}
