@@ -17,7 +17,13 @@ measured once, is subtracted from both sides):
 
 Every speculative run's tokens are checked against plain decoding's (lossless).
 
+`--layer-sweep` measures instead the layer-skip draft for every L in --layers at k = 1 on
+the input-grounded sets (α, r, measured and predicted speedup): how its default L is chosen.
+MINILLM_CPU_KERNEL=0 runs everything with BLAS for every weight product instead of the C++
+small-M kernel (the result file records which).
+
     python benchmarks/spec.py [--quick] [--new-tokens 64] [--prompts 4]
+    python benchmarks/spec.py --layer-sweep [--layers 2 4 8 ...] [--prompts 2]
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import minillm  # noqa: E402
 from minillm import calc, spec  # noqa: E402
 from minillm.data import lee_corpus  # noqa: E402
+from minillm.layers import cpu_linear  # noqa: E402
 
 CHAT = ["What is the capital of France?", "Write a haiku about the sea.",
         "Explain why the sky is blue.", "Give three tips for learning to cook.",
@@ -82,27 +89,14 @@ def prefill_seconds(model, ids) -> float:
     return best
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="2 prompts per set, k in 1, 4")
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "spec.json"))
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    n_prompts, ks = (2, [1, 4]) if args.quick else (args.prompts, list(range(1, 9)))
-    model, tok = minillm.load_model()
-    sets = prompt_sets(tok, n_prompts)
-    drafts = {"ngram": lambda: spec.NgramDraft(max_ngram=3),
-              "layer-skip-8": lambda: spec.LayerSkipDraft(model, 8)}
-    draft_ks = {"ngram": ks, "layer-skip-8": [k for k in ks if k <= 2] or ks[:1]}
-
+def measure(model, sets, drafts, draft_ks, new_tokens):
+    """Plain decoding, then every (draft, k) on every prompt set: the rows described above.
+    Returns (rows, plain) where plain[set] holds plain decoding's seconds and tok/s."""
     rows, plain = [], {}
     for set_name, prompts in sets.items():
         pre = [prefill_seconds(model, p) for p in prompts]
         t0 = time.perf_counter()
-        refs = [minillm.generate(model, p, args.new_tokens) for p in prompts]
+        refs = [minillm.generate(model, p, new_tokens) for p in prompts]
         plain_s = time.perf_counter() - t0 - sum(pre)
         n_tok = sum(map(len, refs))
         plain[set_name] = {"decode_s": plain_s, "tokens": n_tok, "tok_s": n_tok / plain_s}
@@ -113,7 +107,7 @@ def main() -> None:
                 draft, passes, guesses, accepted = Timed(make()), 0, 0, 0
                 t0 = time.perf_counter()
                 for p, ref in zip(prompts, refs):
-                    out = spec.speculative_generate(model, draft, p, args.new_tokens, k=k)
+                    out = spec.speculative_generate(model, draft, p, new_tokens, k=k)
                     assert out.tokens == ref, f"{name} k={k} changed the output: not lossless"
                     passes += out.num_target_passes
                     guesses += out.num_draft_tokens
@@ -134,17 +128,55 @@ def main() -> None:
                       f"cost one step)  alpha {alpha:.2f}  tokens/pass {row['tokens_per_pass']:.2f} "
                       f"(formula {row['expected_tokens_per_pass']:.2f})  r {r:.3f}  c {c:.2f}",
                       flush=True)
+    return rows, plain
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="2 prompts per set, k in 1, 4")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--layer-sweep", action="store_true",
+                    help="only the layer-skip draft, k = 1, for each L in --layers")
+    ap.add_argument("--layers", type=int, nargs="+", default=[2, 4, 8, 12, 16, 20, 24, 27])
+    ap.add_argument("--out", default=None, help="default: results/spec.json, or "
+                    "results/spec_layer_sweep.json with --layer-sweep")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    n_prompts, ks = (2, [1, 4]) if args.quick else (args.prompts, list(range(1, 9)))
+    model, tok = minillm.load_model()
+    sets = prompt_sets(tok, n_prompts)
+    if args.layer_sweep:
+        sets.pop("chat")
+        drafts = {f"layer-skip-{n}": (lambda n=n: spec.LayerSkipDraft(model, n))
+                  for n in args.layers}
+        draft_ks = dict.fromkeys(drafts, [1])
+    else:
+        drafts = {"ngram": lambda: spec.NgramDraft(max_ngram=3),
+                  "layer-skip": lambda: spec.LayerSkipDraft(model)}
+        draft_ks = {"ngram": ks, "layer-skip": [k for k in ks if k <= 2] or ks[:1]}
+    out_path = Path(args.out or Path(__file__).parent / "results"
+               / ("spec_layer_sweep.json" if args.layer_sweep else "spec.json"))
+
+    rows, plain = measure(model, sets, drafts, draft_ks, args.new_tokens)
     best = max((r for r in rows if r["set"] != "chat"), key=lambda r: r["speedup"])
     print(f"\nbest on input-grounded prompts: {best['draft']} k={best['k']} on {best['set']}: "
           f"{best['speedup']:.2f}x")
-    result = {"benchmark": "spec", "date": time.strftime("%Y-%m-%d %H:%M"),
+    if args.layer_sweep:  # the L with the best speedup summed over the sets
+        by_l = {name: sum(r["speedup"] for r in rows if r["draft"] == name) for name in drafts}
+        print(f"best layer-skip L over the input-grounded sets: {max(by_l, key=by_l.get)}")
+    kernel = cpu_linear.load_kernel() is not None
+    result = {"benchmark": "spec_layer_sweep" if args.layer_sweep else "spec",
+              "date": time.strftime("%Y-%m-%d %H:%M"),
+              "linear_path": "small-M kernel" if kernel else "BLAS",
               "machine": {"cpu_count": os.cpu_count(), "threads": args.threads,
                           "torch": torch.__version__},
               "new_tokens": args.new_tokens, "prompts_per_set": n_prompts, "quick": args.quick,
               "plain": plain, "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out_path}")
 
 
 if __name__ == "__main__":

@@ -195,6 +195,12 @@ def test_spec_speedup_and_optimal_k():
     assert calc.spec_optimal_k(0.8, 0.1) == 6
     assert calc.spec_optimal_k(0.1, 0.9) == 0  # speculation does not pay
     assert calc.spec_optimal_k(1.0, 0.0, k_max=5) == 5
+    # verify_cost reaches spec_speedup: the best k maximizes the same speedup the widget plots.
+    for c in (1.0, 1.5, 3.0):
+        k = calc.spec_optimal_k(0.6, 0.02, verify_cost=c)
+        assert all(calc.spec_speedup(0.6, k, 0.02, c) >= calc.spec_speedup(0.6, j, 0.02, c)
+                   for j in range(17))
+    assert calc.spec_optimal_k(0.3, 0.0, verify_cost=1.5) == 0  # E ≤ 1/(1 − α) < 1.5
 
 
 def test_spec_acceptance_probability():

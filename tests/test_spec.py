@@ -263,3 +263,10 @@ def test_greedy_equals_generate_on_the_real_model(smollm):
                 assert out.tokens == ref, f"draft {name}, k={k}"
         if n == 40:
             assert ref[-1] == eos and len(ref) < 40, "the chat answer should end in EOS"
+
+
+def test_layer_skip_default_depth_is_the_measured_fraction(tiny):
+    from minillm.spec.drafts import DEFAULT_LAYER_FRACTION, default_num_layers
+    assert spec.LayerSkipDraft(tiny).num_layers == default_num_layers(tiny) == 1
+    deep = LlamaModel(ModelConfig.smollm2_135m())
+    assert default_num_layers(deep) == round(DEFAULT_LAYER_FRACTION * 30) >= 1

@@ -247,3 +247,98 @@ def test_a_rejected_setting_keeps_the_last_plot_and_says_why():
     view.update()
     assert view.error == "num_seqs must be >= 1; got 0." and "num_seqs must be" in view.summary.value
     assert view.png == png and view.renders == renders
+
+
+# --------------------------------------------------------------------------- speculation (Lab 07)
+
+
+def test_speculation_data_is_calc():
+    from widgets import speculation
+
+    d = speculation.speculation_data(alpha=0.8, k=5, cost_ratio=0.05, verify_cost=1.0)
+    assert d.expected_tokens == pytest.approx(calc.spec_expected_tokens(0.8, 5)) == pytest.approx(3.68928)
+    assert d.tokens_naive[5] == pytest.approx(5.0)  # the shortcut k·α + 1
+    assert (d.tokens_naive[1:] > d.tokens[1:]).all() and d.tokens[0] == d.tokens_naive[0] == 1
+    assert d.speedup == pytest.approx([calc.spec_speedup(0.8, k, 0.05) for k in range(17)])
+    assert d.optimal_k == calc.spec_optimal_k(0.8, 0.05) == 8
+    assert d.speedup[d.optimal_k] == pytest.approx(3.092, abs=1e-3)
+    assert any("best k for these α, r, c: 8 (3.09×)" in line for line in d.summary)
+    # The verify cost enters the speedup and the best k, but not the tokens per pass.
+    slow = speculation.speculation_data(alpha=0.8, k=5, cost_ratio=0.05, verify_cost=2.0)
+    assert slow.tokens == pytest.approx(d.tokens)
+    assert slow.speedup_at_k == pytest.approx(calc.spec_speedup(0.8, 5, 0.05, verify_cost=2.0))
+    assert slow.speedup_one_step == pytest.approx(d.speedup)
+    assert slow.optimal_k == calc.spec_optimal_k(0.8, 0.05, verify_cost=2.0)
+    none = speculation.speculation_data(alpha=0.2, k=2, cost_ratio=0.3, verify_cost=1.5)
+    assert none.optimal_k == 0 and any("does not pay" in line for line in none.summary)
+    # Each k's own measured c: a verify pass that grows with k caps the useful k.
+    by_k = speculation.speculation_data(alpha=0.8, k=4, cost_ratio=0.0,
+                                        verify_cost_by_k={1: 1.0, 4: 1.2, 8: 2.5, 32: 9.0})
+    assert list(by_k.speedup_by_k) == [1, 4, 8]      # k beyond k_max is left out
+    assert by_k.speedup_by_k[8] == pytest.approx(calc.spec_speedup(0.8, 8, 0.0, verify_cost=2.5))
+    assert by_k.optimal_k == 16                      # with c fixed at 1 and r = 0, more is better
+    assert any("best k = 4 (" in line for line in by_k.summary)
+    with pytest.raises(ValueError, match=r"k must be an int in \[0, 16\]"):
+        speculation.speculation_data(k=17)
+    with pytest.raises(ValueError, match="alpha"):
+        speculation.speculation_data(alpha=1.5)
+
+
+def test_speculation_view_reacts_and_draws_the_measured_points():
+    from widgets import speculation
+    from widgets.spec_runs import SpeedupRow
+
+    rows = [SpeedupRow(k, 1.0, s, 0.8, t, k, 0.001, 1.3, 0.0) for k, s, t in ((1, 1.4, 1.8), (4, 2.3, 3.6))]
+    view = speculation.view(alpha=0.77, k=4, cost_ratio=0.0002, verify_cost=1.57, measured=rows)
+    _drawn(view)
+    assert "minillm-speculation" in view.box._dom_classes
+    assert "minillm-speculation-verify-cost" in view.controls["verify_cost"]._dom_classes
+    assert [(p.k, p.speedup, p.tokens_per_pass) for p in view.data.measured] == [(1, 1.4, 1.8), (4, 2.3, 3.6)]
+    assert any("measured: k = 1: 1.40×, k = 4: 2.30×" in line for line in view.data.summary)
+    view.controls["verify_cost"].value = 1.0
+    assert view.data.speedup_at_k == pytest.approx(calc.spec_speedup(0.77, 4, 0.0002))
+    view.controls["alpha"].value = 0.3
+    view.controls["k"].value = 8
+    assert view.renders == 4 and view.data.k == 8
+    assert view.data.optimal_k == calc.spec_optimal_k(0.3, 0.0002, verify_cost=1.0)
+    _drawn(view)
+    # A measured c beyond the slider's usual range widens it instead of being clipped.
+    wide = speculation.view(verify_cost=5.2, measured=[(2, 0.5)])
+    assert wide.controls["verify_cost"].value == 5.2 and wide.data.measured[0].tokens_per_pass is None
+
+
+def test_position_and_batch_figures_from_synthetic_runs():
+    from widgets import speculation
+    from widgets.spec_runs import BatchCost, PassRecord, SpecTrace
+
+    passes = [PassRecord([1, 2, 3], 3, [1, 2, 3, 4]), PassRecord([5, 6, 7], 0, [9]),
+              PassRecord([7, 8], 2, [7, 8, 9]), PassRecord([], 0, [4])]
+    trace = SpecTrace(10, 3, passes, [1, 2, 3, 4, 9, 7, 8, 9, 4], 0.0)
+    assert trace.acceptance_rate == pytest.approx(5 / 8) and trace.tokens_per_pass == pytest.approx(9 / 4)
+    d = speculation.position_data({"t": trace})
+    assert d.judged["t"].tolist() == [3, 2, 1]        # guess 3 is judged only in pass 1
+    assert d.conditional["t"].tolist() == [2 / 3, 1.0, 1.0]
+    assert d.reach["t"] == pytest.approx([2 / 3, 2 / 3, 1 / 2])
+    assert "kept at positions 1..3, given the earlier guesses kept: 0.67 of 3, 1.00 of 2, 1.00 of 1" in d.summary[0]
+    assert figure_ok(speculation.draw_positions(d))
+
+    cost = BatchCost(np.array([1, 2, 4, 8, 16]), np.array([0.05, 0.055, 0.06, 0.1, 0.2]))
+    b = speculation.batch_cost_data(cost, alphas=(0.8, 0.4), k=3)
+    assert b.spec_batches.tolist() == [1, 2, 4]       # 4 rows per sequence: up to 16 measured rows
+    assert b.verify_cost == pytest.approx([0.06 / 0.05, 0.1 / 0.055, 0.2 / 0.06])
+    assert b.speedup[0.8] == pytest.approx([calc.spec_speedup(0.8, 3, 0.0, c) for c in b.verify_cost])
+    assert b.speedup[0.8][0] > 1 > b.speedup[0.8][-1]
+    assert "more than 2.95 steps: from batch 4 on this machine" in b.summary[-2]   # E(0.8, 3) = 2.952
+    assert "more than 1.62 steps: from batch 2 on this machine" in b.summary[-1]   # E(0.4, 3) = 1.624
+    never = speculation.batch_cost_data(cost, alphas=(1.0,), k=1)  # E = 2 tokens per pass
+    assert "not within the measured batches (the verify pass reached 2.00 steps)" in never.summary[-1]
+    with pytest.raises(ValueError, match="room for 4 rows"):
+        speculation.batch_cost_data(BatchCost(np.array([1, 2]), np.array([0.05, 0.06])), k=3)
+    assert figure_ok(speculation.draw_batch_cost(b))
+    assert speculation.figure_image(speculation.draw_batch_cost(b)).data.startswith(PNG)
+
+
+def figure_ok(fig):
+    from widgets._view import figure_png
+
+    return fig.axes and figure_png(fig).startswith(PNG)

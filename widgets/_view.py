@@ -18,7 +18,7 @@ import base64
 import html
 import io
 
-__all__ = ["COLORS", "new_figure", "figure_png", "FigureView"]
+__all__ = ["COLORS", "new_figure", "figure_png", "figure_image", "FigureView"]
 
 COLORS = {"weights": "#4C72B0", "kv": "#DD8452", "compute": "#55A868", "bound": "#C44E52",
           "measured": "#222222", "machine": "#4C72B0", "gpu": "#C44E52", "grey": "#999999"}
@@ -38,6 +38,14 @@ def figure_png(fig, dpi: int = 100) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
+
+
+def figure_image(fig, dpi: int = 100):
+    """A figure as an ``IPython.display.Image`` (PNG), for ``display(...)`` in a notebook: a
+    pyplot-free figure has no inline display of its own."""
+    from IPython.display import Image
+
+    return Image(figure_png(fig, dpi))
 
 
 class FigureView:

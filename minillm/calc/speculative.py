@@ -46,14 +46,17 @@ def spec_speedup(alpha, k, cost_ratio, verify_cost=1.0) -> float:
     return spec_expected_tokens(alpha, kk) / ((c if kk else 1.0) + kk * r)
 
 
-def spec_optimal_k(alpha, cost_ratio, k_max=16) -> int:
+def spec_optimal_k(alpha, cost_ratio, k_max=16, verify_cost=1.0) -> int:
     """The k in 0..k_max with the highest ``spec_speedup`` (the smallest one on ties).
 
     0 means speculation does not pay. α = 0.8, r = 0.05 gives k = 8 (speedup 3.09); the curve
-    is flat there: every k from 6 to 10 is within 2% of it.
+    is flat there: every k from 6 to 10 is within 2% of it. ``verify_cost`` is passed on to
+    ``spec_speedup`` (a verify pass that costs more than a decode step favours fewer passes,
+    so a larger k, or none at all).
     """
     kmax = _int("k_max", k_max)
-    return max(range(kmax + 1), key=lambda kk: (spec_speedup(alpha, kk, cost_ratio), -kk))
+    return max(range(kmax + 1),
+               key=lambda kk: (spec_speedup(alpha, kk, cost_ratio, verify_cost), -kk))
 
 
 def spec_acceptance_probability(p, q) -> float:

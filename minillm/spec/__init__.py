@@ -4,6 +4,7 @@ pass, and an acceptance rule keeps the output exactly the target's.
     rejection.py  rejection_sample: the acceptance rule (lossless sampling)
     drafts.py     NgramDraft (prompt lookup), ModelDraft, LayerSkipDraft
     decode.py     speculative_generate -> SpecOutput (tokens, passes, acceptance rate)
+    distill.py    make_draft / distill: train a tiny draft from the target (KL on real text)
 
 The expected tokens per pass and the speedup are `calc.spec_expected_tokens` and
 `calc.spec_speedup`.

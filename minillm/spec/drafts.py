@@ -130,8 +130,30 @@ class ModelDraft:
 
 class LayerSkipDraft(ModelDraft):
     """The target's first `num_layers` layers, its final norm and its LM head: a draft
-    that costs num_layers / L of a target pass and needs no second model."""
+    that costs about num_layers / L of a target pass (plus the LM head) and needs no
+    second model.
 
-    def __init__(self, target, num_layers: int, temperature: float = 0.0,
+    `num_layers=None` takes `default_num_layers(target)`, chosen by measurement
+    (`python benchmarks/spec.py --layer-sweep`, recorded in BENCHMARKS.md): on SmolLM2
+    the first layers' hidden state, read by the final norm and LM head it was not trained
+    for, agrees with the full model on about a tenth of the tokens or fewer until L is
+    about 16 of 30 (a third at 24, under a half at 27), while the cost grows with every
+    layer, so the cheapest draft, L = 1, came out ahead (L = 2 within noise). No L makes it
+    pay without a trained early exit; it is here as the baseline a trained draft must beat.
+    """
+
+    def __init__(self, target, num_layers: int | None = None, temperature: float = 0.0,
                  generator: torch.Generator | None = None):
+        if num_layers is None:
+            num_layers = default_num_layers(target)
         super().__init__(target, num_layers, temperature, generator)
+
+
+# The measured best L over the input-grounded prompt sets (1 of SmolLM2's 30), as a fraction
+# of the layers, so that a deeper model gets a proportionate default.
+DEFAULT_LAYER_FRACTION = 1 / 30
+
+
+def default_num_layers(target) -> int:
+    """`LayerSkipDraft`'s default L for `target`: DEFAULT_LAYER_FRACTION of its layers."""
+    return max(1, round(DEFAULT_LAYER_FRACTION * target.config.num_layers))
