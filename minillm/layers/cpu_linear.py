@@ -59,6 +59,10 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if kernel is None:
         raise RuntimeError("the CPU small-M linear kernel is not available here (switched off "
                            "by MINILLM_CPU_KERNEL=0, or it failed to build: see the warning)")
+    return _run(kernel, x, weight)
+
+
+def _run(kernel, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     try:
         y = kernel.small_m_linear(rows, weight)
@@ -77,9 +81,10 @@ def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The kernel, called directly in eager mode (the custom-op wrapper costs a few µs per
-    call, and a decode step makes 121 of them) and as a custom op under `torch.compile`."""
+def linear(x: torch.Tensor, weight: torch.Tensor, kernel) -> torch.Tensor:
+    """`Linear.forward`'s call, with the `kernel` it got from `load_kernel()`: direct in
+    eager mode (the custom-op wrapper costs a few µs per call, and a decode step makes 121
+    of them), as the custom op under `torch.compile`."""
     if torch.compiler.is_compiling():
         return _small_m_linear_op(x, weight)
-    return small_m_linear(x, weight)
+    return _run(kernel, x, weight)

@@ -50,8 +50,8 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # A few fp32 rows on the CPU (decode, speculative verify, a small batch): the C++
         # kernel that streams W once. Anything else (prefill, GPU, autograd): F.linear.
-        if cpu_linear.applies(x, self.weight) and cpu_linear.load_kernel() is not None:
-            return cpu_linear.linear(x, self.weight)
+        if cpu_linear.applies(x, self.weight) and (kernel := cpu_linear.load_kernel()):
+            return cpu_linear.linear(x, self.weight, kernel)
         return F.linear(x, self.weight)
 
     def use_matvec_layout(self) -> None:

@@ -18,7 +18,6 @@ rate and speedup.
 """
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -42,7 +41,7 @@ def make_draft(target: LlamaModel, layers: Sequence[int] = (0, -1)) -> LlamaMode
     draft.tie_weights()
     with torch.no_grad():
         for dst, i in zip(draft.layers, picked):
-            dst.load_state_dict(copy.deepcopy(target.layers[i].state_dict()))
+            dst.load_state_dict(target.layers[i].state_dict())  # copies into dst's own tensors
         draft.norm.load_state_dict(target.norm.state_dict())
     draft.rope_cos, draft.rope_sin = target.rope_cos, target.rope_sin
     return draft.eval()
