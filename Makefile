@@ -52,6 +52,7 @@ install-browser:
 bench: setup
 	$(BIN)/python benchmarks/matvec_layout.py
 	$(BIN)/python benchmarks/decode.py
+	$(BIN)/python benchmarks/quant.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache test-artifacts grading-out

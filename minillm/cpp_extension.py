@@ -1,12 +1,13 @@
 """Build minillm's C++ CPU kernels on first use, or say why not and fall back.
 
-Two kernels live in C++ (each beside the module that calls it, in a `csrc/` folder):
+Three kernels live in C++ (each beside the module that calls it, in a `csrc/` folder):
 `attention/csrc/paged_decode_cpu.cpp` (decode attention read in place through the block
-table) and `layers/csrc/small_m_linear_cpu.cpp` (a weight product for a few rows that
-streams the weight once). Each is compiled with `torch.utils.cpp_extension.load` (a C++
-compiler and `ninja`); a build takes 30–40 s once and is cached under
-~/.cache/torch_extensions (or $TORCH_EXTENSIONS_DIR). `make setup` builds both ahead, so no
-notebook cell waits for the compiler.
+table), `layers/csrc/small_m_linear_cpu.cpp` (a weight product for a few rows that streams
+the weight once) and `quant/csrc/quant_linear_cpu.cpp` (the same for packed 4-bit and 8-bit
+weights, read without dequantizing). Each is compiled with `torch.utils.cpp_extension.load`
+(a C++ compiler and `ninja`); a build takes 30–40 s once and is cached under
+~/.cache/torch_extensions (or $TORCH_EXTENSIONS_DIR). `make setup` builds them all ahead, so
+no notebook cell waits for the compiler.
 
 Where a kernel cannot be built (no compiler, another OS), `load` warns once and returns
 None, and the caller keeps its PyTorch path: same results to rounding, slower.
@@ -69,8 +70,10 @@ def main() -> None:
 
     from .attention import cpu_decode
     from .layers import cpu_linear
+    from .quant import cpu_kernels
 
-    for what, module in (("paged-decode attention", cpu_decode), ("small-M linear", cpu_linear)):
+    for what, module in (("paged-decode attention", cpu_decode), ("small-M linear", cpu_linear),
+                         ("quantized (W4/W8) linear", cpu_kernels)):
         t0 = time.perf_counter()
         kernel = module.load_kernel()
         if kernel is None:

@@ -104,6 +104,15 @@ _LAYER_NAMES = {
 }
 
 
+def load_tokenizer(path: str | os.PathLike | None = None):
+    """The model's tokenizer alone, from the GGUF's metadata (no tensors are read)."""
+    from gguf import GGUFReader
+
+    from .tokenizer import MiniTokenizer
+
+    return MiniTokenizer.from_gguf_reader(GGUFReader(Path(path) if path else find_model_path()))
+
+
 def load_gguf(path: str | os.PathLike | None = None):
     """Return (config, state_dict of float32 numpy arrays, reader)."""
     from gguf import GGUFReader

@@ -168,9 +168,14 @@ class LlamaModel(nn.Module):
         """Point the LM head at the embedding's Parameter again (tied models only). Needed
         after anything that assigns `embed_tokens.weight` anew, such as loading with
         `load_state_dict(..., assign=True)`."""
-        if self.config.tie_word_embeddings and isinstance(self.lm_head, Linear):
+        if self._head_holds_float_weight():
             self.lm_head.weight = self.embed_tokens.weight
         return self
+
+    def _head_holds_float_weight(self) -> bool:
+        """Tied, and the head still a float `Linear` (a quantized head has its own storage)."""
+        return (self.config.tie_word_embeddings and isinstance(self.lm_head, Linear)
+                and isinstance(getattr(self.lm_head, "weight", None), torch.Tensor))
 
     def use_matvec_layout(self) -> "LlamaModel":
         """Every float `Linear` stores its weight with the longer side contiguous (see
@@ -178,7 +183,7 @@ class LlamaModel(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear):
                 module.use_matvec_layout()
-        if self.config.tie_word_embeddings and isinstance(self.lm_head, Linear):
+        if self._head_holds_float_weight():
             self.embed_tokens.weight = self.lm_head.weight  # keep the tie: one tensor
         self._compiled_run = None  # compiled against the old tensors
         return self

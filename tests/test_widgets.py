@@ -16,6 +16,8 @@ from minillm import calc, hardware  # noqa: E402
 from minillm.measure import OpMeasurement  # noqa: E402
 from minillm.perf import MachineProfile  # noqa: E402
 from widgets import MODEL_PRESETS, THIS_MACHINE, kv_growth, memory_wall, roofline  # noqa: E402
+from widgets import quantization as quantization_widget  # noqa: E402
+from widgets.quant_runs import QuantResult  # noqa: E402
 
 BW, PEAK = 20e9, 100e9  # the synthetic machine: ridge at 5 FLOP/byte
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -342,3 +344,70 @@ def figure_ok(fig):
     from widgets._view import figure_png
 
     return fig.axes and figure_png(fig).startswith(PNG)
+
+
+# --------------------------------------------------------------------------- quantization (Lab 06)
+
+
+def _qresult(method, bits, group, lm_head=False, kl=0.1, nbytes=200e6, tok_s=50.0, source="measured"):
+    return QuantResult(method, bits, group, lm_head, 30.0 + kl, kl, 1 - kl, 1000, int(nbytes),
+                       int(nbytes), tok_s, 1.0, 2, None, source)
+
+
+class FakeQuantRuns:
+    def __init__(self):
+        self.calls = []
+
+    def fp32(self):
+        return _qresult("fp32", 32, None, kl=0.0, nbytes=538e6, tok_s=30.0)
+
+    def measure(self, method, bits, group_size, lm_head=False):
+        self.calls.append((method, bits, group_size, lm_head))
+        if group_size == 128:
+            raise ValueError("group_size 128 does not divide the input dimension of qkv_proj")
+        return _qresult(method, bits, group_size, lm_head, kl=1.0 / bits ** 2,
+                      nbytes=538e6 * bits / 32, tok_s=10.0 * 32 / bits)
+
+
+def test_explorer_data_summarises_against_fp32():
+    fp32 = FakeQuantRuns().fp32()
+    cur = _qresult("rtn", 4, 64, kl=0.36, nbytes=171.4e6, tok_s=60.0)
+    d = quantization_widget.explorer_data(cur, [cur, _qresult("rtn", 8, None, kl=0.003)], fp32, bandwidth=20e9)
+    assert [p.label for p in d.points] == ["fp32", "rtn w8 per-channel", "rtn w4 g64"]
+    assert "rtn w4 g64: KL 0.3600" in d.summary[0] and "top-1 agreement 64.0%" in d.summary[0]
+    assert "171.4 MB of weights read per token (3.14× less than fp32's 538.0 MB)" in d.summary[1]
+    assert "60.0 tok/s batch-1 decode (2.00× fp32's 30.0 tok/s)" in d.summary[2]
+    assert "ceiling bandwidth ÷ bytes = 117 tok/s, reached 51%" in d.summary[2]
+    cached = quantization_widget.explorer_data(_qresult("rtn", 4, 64, source="cached"), [], fp32)
+    assert "cached" in cached.summary[-1]
+    assert quantization_widget.figure_image(quantization_widget.draw_tradeoff(d)).data.startswith(PNG)
+
+
+def test_explorer_view_reacts_and_shows_the_package_error():
+    runs = FakeQuantRuns()
+    v = quantization_widget.view(runs, bandwidth=20e9)
+    assert "minillm-quantization" in v.box._dom_classes
+    assert "minillm-quantization-group-size" in v.controls["group_size"]._dom_classes
+    assert runs.calls == [("rtn", 4, 64, False)] and v.data.current.label == "rtn w4 g64"
+    v.controls["bits"].value = 3
+    v.controls["method"].value = "gptq"
+    assert v.renders == 3 and v.data.current.label == "gptq w3 g64"
+    assert [p.label for p in v.data.points] == ["fp32", "rtn w4 g64", "rtn w3 g64", "gptq w3 g64"]
+    v.controls["group_size"].value = 128
+    assert v.error and "does not divide" in v.error and "does not divide" in v.summary.value
+    assert v.renders == 3 and v.data.current.label == "gptq w3 g64"  # the last plot stays
+    v.controls["group_size"].value = None
+    v.controls["lm_head"].value = True
+    assert v.error is None and v.data.current.label == "gptq w3 per-channel, head w3"
+    assert v.png.startswith(PNG)
+
+
+def test_outlier_data_finds_the_loud_channels():
+    m = np.ones((4, 64))
+    m[:, 7] = 50.0
+    m[2, 9] = 400.0
+    d = quantization_widget.outlier_data({"qkv_proj": m})
+    assert d.ratio.tolist() == [50.0, 50.0, 400.0, 50.0]
+    assert d.outliers.tolist() == [1, 1, 2, 1]
+    assert "up to 400× (layer 2)" in d.summary[0] and "9 (max 400.0)" in d.summary[1]
+    assert quantization_widget.figure_image(quantization_widget.draw_outliers(d)).data.startswith(PNG)

@@ -1,9 +1,12 @@
-"""Triton attention kernels, and the plain-PyTorch versions they are checked against.
+"""Triton kernels (attention, and the W4A16 quantized matmul), and the plain-PyTorch
+attention they are checked against.
 
 * ``flash_attention``        - FlashAttention-2 forward, q ``[B, Hq, T, D]``, GQA, causal.
 * ``flash_attention_varlen`` - the same over packed sequences (``cu_seqlens``), used for
   chunked prefill.
 * ``paged_decode_attention`` - one query token per sequence, K/V read through a block table.
+* ``w4a16_linear``           - ``x @ Wᵀ`` with W stored in 4 bits (``minillm.quant.packing``),
+  dequantized tile by tile inside the matmul.
 * ``tiled``                  - ``naive_attention``, ``online_softmax_update``,
   ``tiled_attention``: the teaching steps and the oracle.
 
@@ -92,6 +95,7 @@ def require_working_setup() -> None:
 from .flash_attention import flash_attention, flash_attention_varlen  # noqa: E402
 from .paged_decode import paged_decode_attention  # noqa: E402
 from .tiled import naive_attention, online_softmax_update, tiled_attention  # noqa: E402
+from .w4a16 import w4a16_linear  # noqa: E402
 
 __all__ = [
     "flash_attention",
@@ -100,6 +104,7 @@ __all__ = [
     "naive_attention",
     "online_softmax_update",
     "tiled_attention",
+    "w4a16_linear",
     "interpreter_enabled",
     "require_working_setup",
     "SETUP_PROBLEM",
