@@ -138,7 +138,7 @@ def quantize_model(model, method: str = "rtn", bits: int = 4, group_size=64, sym
         if head_bits is not False:
             w = qmodel.lm_head.weight
             if method == "gptq":
-                H = _hessian_of(lambda h: h, hidden, qmodel.norm)
+                H = _hessian_of(hidden, qmodel.norm)
                 qw = gptq(w, H, head_bits, sizes["lm_head"], sym, percdamp, blocksize, act_order)
             else:
                 qw = rtn(w, head_bits, sizes["lm_head"], sym)
@@ -165,11 +165,11 @@ def _chunks(n):
     return [slice(i, min(i + CHUNK, n)) for i in range(0, n, CHUNK)]
 
 
-def _hessian_of(fn, xs, module=None):
-    """H = 2XXᵀ/n of `module`'s outputs (or of xs) over a list of chunks, in float64."""
+def _hessian_of(xs, module):
+    """H = 2XXᵀ/n of `module`'s outputs over a list of input chunks, in float64."""
     H, n = None, 0
     for x in xs:
-        x = (module(x) if module is not None else fn(x)).reshape(-1, x.shape[-1])
+        x = module(x).reshape(-1, x.shape[-1])
         xtx = (x.T @ x).double()
         H = xtx if H is None else H + xtx
         n += x.shape[0]
