@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from minillm import generate, quant
+from minillm.quant.quantize import PROJECTIONS, projections
 
 __all__ = ["QuantResult", "QuantRuns", "decode_tok_s", "activation_maxima", "projection_input",
            "benchmark_rows", "default_cache_path", "label"]
@@ -244,16 +245,14 @@ class QuantRuns:
 def activation_maxima(model, ids) -> dict:
     """{projection: tensor [layers, in_features]}: the largest |x| each input channel of each
     layer's q|k|v, o, gate|up and down projections sees over the tokens `ids` ([T] or [B, T])."""
-    names = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-    out = {n: [] for n in names}
+    out = {n: [] for n in PROJECTIONS}
     hooks = []
     for layer in model.layers:
-        for parent, name in ((layer.attn, "qkv_proj"), (layer.attn, "o_proj"),
-                             (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj")):
+        for name, (parent, attr) in projections(layer).items():
             def hook(_m, args, name=name):
                 x = args[0].reshape(-1, args[0].shape[-1]).abs().amax(0)
                 out[name].append(x.float().cpu())
-            hooks.append(getattr(parent, name).register_forward_pre_hook(hook))
+            hooks.append(getattr(parent, attr).register_forward_pre_hook(hook))
     try:
         ids = torch.as_tensor(ids)
         model(ids[None] if ids.dim() == 1 else ids)
@@ -267,8 +266,7 @@ def activation_maxima(model, ids) -> dict:
 def projection_input(model, ids, layer: int, name: str) -> torch.Tensor:
     """x [tokens, in_features]: what projection `name` of layer `layer` receives on `ids`
     (the model runs up to that layer only)."""
-    layer_mod = model.layers[layer]
-    parent = layer_mod.mlp if name in ("gate_up_proj", "down_proj") else layer_mod.attn
+    parent, attr = projections(model.layers[layer])[name]
     seen = []
 
     class _Stop(Exception):
@@ -278,7 +276,7 @@ def projection_input(model, ids, layer: int, name: str) -> torch.Tensor:
         seen.append(args[0].reshape(-1, args[0].shape[-1]).float().clone())
         raise _Stop
 
-    handle = getattr(parent, name).register_forward_pre_hook(hook)
+    handle = getattr(parent, attr).register_forward_pre_hook(hook)
     try:
         ids = torch.as_tensor(ids)
         model(ids[None] if ids.dim() == 1 else ids)
