@@ -60,9 +60,11 @@ def time_minillm(model, ids, n, compile=False):
 
 @torch.inference_mode()
 def time_hf(model, ids, n):
-    x = torch.tensor([ids])
+    x = torch.tensor([ids], device=model.device)
     t0 = time.perf_counter()
     out = model.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=2)
+    if x.is_cuda:
+        torch.cuda.synchronize()
     assert out.shape[1] == len(ids) + n
     return time.perf_counter() - t0
 

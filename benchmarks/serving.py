@@ -143,7 +143,7 @@ def run_hf_one(hf, reqs, k):
     n, wall = 0, 0.0
     for i in idx:
         r = reqs[i]
-        x = torch.tensor([r["prompt_ids"]])
+        x = torch.tensor([r["prompt_ids"]], device=hf.device)
         t0 = time.perf_counter()
         out = hf.generate(x, max_new_tokens=r["max_tokens"], min_new_tokens=r["max_tokens"],
                           do_sample=False, pad_token_id=2)
@@ -167,6 +167,7 @@ def run_hf_static(hf, reqs, batch_size, max_batches):
         for i, r in enumerate(group):
             ids[i, P - len(r["prompt_ids"]):] = torch.tensor(r["prompt_ids"])
             mask[i, P - len(r["prompt_ids"]):] = 1
+        ids, mask = ids.to(hf.device), mask.to(hf.device)
         t0 = time.perf_counter()
         hf.generate(ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps,
                     do_sample=False, pad_token_id=2)

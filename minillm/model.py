@@ -260,6 +260,13 @@ class LlamaModel(nn.Module):
         eager. The first call compiles (~30-70 s for SmolLM2 on 2 cores; cached on disk
         by torch afterwards). dynamic=True: one graph serves every position and cache size.
         """
+        if getattr(self.attn_backend, "name", None) == "triton":
+            from .kernels import interpreter_enabled
+            if interpreter_enabled():  # dynamo would trace into the interpreter's numpy code
+                raise ValueError("torch.compile cannot trace Triton kernels that run in "
+                                 "Triton's CPU interpreter (no CUDA GPU here); compile with "
+                                 "the torch attention backend (model.set_attn_backend('torch')) "
+                                 "or run the Triton backend eagerly")
         if self._compiled_run is None:
             cpu_linear.load_kernel()  # build it (once) now: a build inside a trace breaks the graph
             self._compiled_run = torch.compile(self.run, dynamic=True)

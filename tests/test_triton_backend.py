@@ -29,6 +29,17 @@ def test_triton_logits_match_torch(tiny_model):
     torch.testing.assert_close(tiny_model(ids), ref, atol=2e-5, rtol=2e-5)
 
 
+def test_compiling_interpreted_kernels_is_a_clear_error(tiny_model):
+    """On a CPU the kernels run in Triton's interpreter, which torch.compile cannot trace
+    (it failed deep inside dynamo with a fake-tensor KeyError); on CUDA this compiles."""
+    from minillm.kernels import interpreter_enabled
+    if not interpreter_enabled():
+        pytest.skip("CUDA: the Triton backend compiles (benchmarks/gpu_check.py times it)")
+    tiny_model.set_attn_backend("triton")
+    with pytest.raises(ValueError, match="cannot trace Triton kernels.*set_attn_backend"):
+        minillm.generate(tiny_model, [5, 9, 33], 2, compile=True)
+
+
 def test_unknown_backend_is_a_clear_error(tiny_model):
     with pytest.raises(ValueError, match="unknown attention backend 'cuda'.*triton"):
         tiny_model.set_attn_backend("cuda")

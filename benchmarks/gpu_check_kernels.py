@@ -1,0 +1,251 @@
+"""The kernel sections of benchmarks/gpu_check.py: every Triton kernel of minillm.kernels
+against its reference, on fresh random inputs, and timed against the PyTorch path.
+
+* flash_attention: against float64 ``naive_attention`` on the first and last query rows of
+  batch 0 (a full float64 reference at T = 8192 would need tens of GB) and against SDPA on
+  everything; the same float64 rows measure SDPA's own error, and the kernel passes when its
+  error is within max(tolerance, 2 x SDPA's). TFLOP/s count 4 B Hq T^2 D / 2 (causal).
+  SDPA is timed with ``enable_gqa`` and with K/V repeated beforehand; the faster counts.
+* paged_decode_attention and flash_attention_varlen: against ``paged_decode_attention_ref``
+  / ``paged_prefill_attention_ref`` (varlen's packed K/V are a paged cache of block size 1),
+  timed against the PyTorch path the engine takes without Triton (gather + SDPA, and the
+  per-sequence SDPA loop of ``TorchBackend.varlen``); GB/s of K/V read against the
+  bandwidth measured in this run.
+* w4a16_linear: against ``F.linear(x, dequantize_packed(...))`` (QuantLinear's reference
+  path), timed against it and against a dense matmul with the dequantized weight.
+
+On a GPU the first call of each shape autotunes (compiles every config; Triton caches them
+in ~/.triton/cache), so ``first_s`` is reported apart from the steady time. In the CPU dry
+run the kernels run in Triton's interpreter: the numbers there are not performance.
+"""
+from __future__ import annotations
+
+import time
+import zlib
+
+import torch
+import torch.nn.functional as F
+
+from attention import max_err
+from gpu_check import Section
+from minillm.attention import (TorchBackend, paged_decode_attention_ref,
+                               paged_prefill_attention_ref)
+from minillm.attention.paged import decode_attention_gathered
+from minillm.kernels import (flash_attention, flash_attention_varlen, naive_attention,
+                             paged_decode_attention, w4a16_linear)
+from minillm.quant import packing, rtn
+from minillm.timing import time_fn
+
+# Kernel error allowed against the reference, per dtype (fp32 on CUDA: tl.dot uses TF32).
+TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
+SMOLLM_HEADS = (9, 3, 64)  # Hq, Hkv, D of SmolLM2-135M
+
+
+def tol(dtype: torch.dtype, cuda: bool) -> float:
+    return TOL.get(dtype, 5e-3 if cuda else 2e-5)
+
+
+def bench(run, fn) -> float:
+    """Milliseconds per call: triton's do_bench (median, L2 flushed) on CUDA; one timed call
+    in the dry run (the interpreter's times mean nothing)."""
+    if run.cuda:
+        from triton.testing import do_bench
+        return do_bench(fn, warmup=run.pick(25, 10, 0), rep=run.pick(100, 30, 1),
+                        return_mode="median")
+    return 1e3 * time_fn(fn, warmup=0, repeats=1)
+
+
+def first_call(run, fn):
+    """(result, seconds) of the first call, autotuning and compilation included."""
+    t0 = time.perf_counter()
+    out = fn()
+    if run.cuda:
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - t0
+
+
+def randn(run, *shape, dtype):
+    return torch.randn(*shape, device=run.device, dtype=torch.float32).to(dtype)
+
+
+def dtypes(run) -> list[torch.dtype]:
+    return run.pick([torch.bfloat16, torch.float16], [torch.bfloat16], [torch.float32])
+
+
+# ----------------------------------------------------------------------------- FlashAttention
+
+
+def flash_case(run, b, hq, hkv, t, d, dtype) -> dict:
+    torch.manual_seed(zlib.crc32(f"{b} {hq} {t} {d} {dtype}".encode()))
+    q, k, v = randn(run, b, hq, t, d, dtype=dtype), *(randn(run, b, hkv, t, d, dtype=dtype)
+                                                      for _ in range(2))
+    k_rep, v_rep = (x.repeat_interleave(hq // hkv, dim=1) for x in (k, v))
+    out, first_s = first_call(run, lambda: flash_attention(q, k, v, causal=True))
+    sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    r = min(t, run.pick(128, 64, 16))  # float64 rows: the first r and the last r queries
+    err, err_sdpa = 0.0, 0.0
+    for rows, keys in ((slice(0, r), slice(0, r)), (slice(t - r, t), slice(0, t))):
+        ref = naive_attention(q[:1, :, rows].double(), k[:1, :, keys].double(),
+                              v[:1, :, keys].double(), causal=True)
+        err = max(err, max_err(out[:1, :, rows], ref))
+        err_sdpa = max(err_sdpa, max_err(sdpa[:1, :, rows], ref))
+    ms = bench(run, lambda: flash_attention(q, k, v, causal=True))
+    ms_gqa = bench(run, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                               enable_gqa=True))
+    ms_rep = bench(run, lambda: F.scaled_dot_product_attention(q, k_rep, v_rep, is_causal=True))
+    ms_sdpa = min(ms_gqa, ms_rep)
+    flops = 4 * b * hq * t * t * d * 0.5
+    row = {"dtype": str(dtype)[6:], "heads": f"{hq}:{hkv}", "D": d, "T": t, "B": b,
+           "err_vs_f64": err, "sdpa_err_vs_f64": err_sdpa, "err_vs_sdpa": max_err(out, sdpa),
+           "flash_TFLOPs": flops / ms / 1e9, "sdpa_TFLOPs": flops / ms_sdpa / 1e9,
+           "flash_vs_sdpa": ms_sdpa / ms, "sdpa_best": "gqa" if ms_gqa <= ms_rep else "repeat",
+           "first_s": first_s, "ok": err <= max(tol(dtype, run.cuda), 2 * err_sdpa)}
+    if t >= 2048 and ms > 2 * ms_sdpa:
+        run.notes.append(f"flash_attention {row['dtype']} {row['heads']} D={d} T={t} is "
+                         f"{ms / ms_sdpa:.1f}x slower than SDPA (more than 2x at T >= 2048)")
+    return row
+
+
+def check_flash(run) -> None:
+    tokens = run.pick(16384, 8192, 64)  # B * T per case
+    for dtype in dtypes(run):
+        for d in run.pick((64, 128), (64, 128), (64,)):
+            for hq, hkv in ((9, 3), (32, 8)):
+                for t in run.pick((512, 1024, 2048, 4096, 8192), (2048, 8192), (32, 48)):
+                    b = max(1, tokens // t)
+                    run.case(f"{str(dtype)[6:]} {hq}:{hkv} D={d} T={t}",
+                             lambda: flash_case(run, b, hq, hkv, t, d, dtype))
+
+
+# ----------------------------------------------------------------------------- paged decode
+
+
+def kv_gbps(run, nbytes: int, ms: float) -> tuple[float, float]:
+    """(GB/s, fraction of the bandwidth measured in this run)."""
+    gbs = nbytes / ms / 1e6
+    return gbs, gbs / run.env["bandwidth_GBps"]
+
+
+def paged_case(run, b, ctx, dtype, block_size=16) -> dict:
+    hq, hkv, d = SMOLLM_HEADS
+    torch.manual_seed(b * 100003 + ctx)
+    nblk = -(-ctx // block_size)
+    lens = torch.randint(max(1, ctx - block_size + 1), ctx + 1, (b,))  # ragged last blocks
+    kc, vc = (randn(run, b * nblk, block_size, hkv, d, dtype=dtype) for _ in range(2))
+    tables = torch.randperm(b * nblk).view(b, nblk).to(run.device, torch.int32)
+    lens_dev = lens.to(run.device, torch.int32)
+    q = randn(run, b, hq, d, dtype=dtype)
+    call = lambda: paged_decode_attention(q, kc, vc, tables, lens_dev,  # noqa: E731
+                                          max_context_len=ctx)
+    out, first_s = first_call(run, call)
+    err = max_err(out, paged_decode_attention_ref(q, kc, vc, tables, lens_dev))
+    pos = torch.arange(ctx, device=run.device).expand(b, ctx)  # the engine's gather path
+    mask = pos < lens_dev[:, None]
+    slots = (tables.long().gather(1, pos // block_size) * block_size
+             + pos % block_size).masked_fill(~mask, 0)
+    ms = bench(run, call)
+    ms_torch = bench(run, lambda: decode_attention_gathered(q, kc, vc, slots, mask))
+    nbytes = 2 * int(lens.sum()) * hkv * d * kc.element_size()
+    gbs, frac = kv_gbps(run, nbytes, ms)
+    return {"dtype": str(dtype)[6:], "B": b, "context": ctx, "err_vs_ref": err, "us": 1e3 * ms,
+            "GBps": gbs, "of_bandwidth": frac, "gather_sdpa_us": 1e3 * ms_torch,
+            "vs_gather_sdpa": ms_torch / ms, "first_s": first_s, "ok": err <= tol(dtype, run.cuda)}
+
+
+def check_paged(run) -> None:
+    dtype = dtypes(run)[0]
+    for ctx in run.pick((128, 1024, 8192), (1024, 8192), (17, 40)):
+        for b in run.pick((1, 16, 64, 256), (1, 64, 256), (1, 3)):
+            run.case(f"B={b} context={ctx}", lambda: paged_case(run, b, ctx, dtype))
+    run.notes.append("K/V of SmolLM2's attention (Hq 9, Hkv 3, D 64), block size 16, block "
+                     "tables shuffled, context lengths ragged within the last block; GB/s "
+                     "counts the K/V bytes read")
+
+
+# ----------------------------------------------------------------------------- varlen
+
+
+def varlen_case(run, b, ctx, dtype, chunk) -> dict:
+    hq, hkv, d = SMOLLM_HEADS
+    torch.manual_seed(b * 7919 + ctx)
+    lens_k = torch.randint(max(1, ctx // 2), ctx + 1, (b,)) if b > 1 else torch.tensor([ctx])
+    lens_q = lens_k.clamp(max=chunk)  # a prefill chunk after its cached prefix
+    cu_k, cu_q = (torch.cat([torch.zeros(1, dtype=torch.long), x.cumsum(0)]) for x in (lens_k, lens_q))
+    q = randn(run, int(cu_q[-1]), hq, d, dtype=dtype)
+    k, v = (randn(run, int(cu_k[-1]), hkv, d, dtype=dtype) for _ in range(2))
+    cu_q_dev, cu_k_dev = cu_q.to(run.device, torch.int32), cu_k.to(run.device, torch.int32)
+    mq, mk = int(lens_q.max()), int(lens_k.max())
+    call = lambda: flash_attention_varlen(q, k, v, cu_q_dev, cu_k_dev, mq, mk)  # noqa: E731
+    out, first_s = first_call(run, call)
+    # Packed K/V seen as a paged cache of block size 1: sequence i's block j is row cu_k[i]+j.
+    tables = (cu_k[:-1, None] + torch.arange(mk)[None]).clamp(max=int(cu_k[-1]) - 1)
+    ref = paged_prefill_attention_ref(q, k[:, None], v[:, None], tables.to(run.device),
+                                      cu_q_dev, lens_k.to(run.device))
+    err = max_err(out, ref)
+    ms = bench(run, call)
+    ms_torch = bench(run, lambda: TorchBackend().varlen(q, k, v, cu_q_dev, cu_k_dev, mq, mk))
+    pairs = sum(int(lq) * (int(lk) - int(lq)) + int(lq) * (int(lq) + 1) // 2
+                for lq, lk in zip(lens_q, lens_k))
+    nbytes = (2 * q.numel() + k.numel() + v.numel()) * q.element_size()
+    gbs, frac = kv_gbps(run, nbytes, ms)
+    return {"dtype": str(dtype)[6:], "B": b, "context": ctx, "queries": int(cu_q[-1]),
+            "err_vs_ref": err, "us": 1e3 * ms, "TFLOPs": 4 * hq * d * pairs / ms / 1e9,
+            "GBps": gbs, "of_bandwidth": frac, "sdpa_loop_us": 1e3 * ms_torch,
+            "vs_sdpa_loop": ms_torch / ms, "first_s": first_s, "ok": err <= tol(dtype, run.cuda)}
+
+
+def check_varlen(run) -> None:
+    dtype, chunk = dtypes(run)[0], run.pick(512, 512, 16)
+    for ctx in run.pick((128, 1024, 8192), (1024, 8192), (20, 40)):
+        for b in run.pick((1, 16, 256), (1, 64), (1, 3)):
+            run.case(f"B={b} context={ctx}", lambda: varlen_case(run, b, ctx, dtype, chunk))
+    run.notes.append(f"each sequence's context uniform in [context/2, context] (B > 1), its "
+                     f"queries the last min(context, {chunk}) positions (chunked prefill); "
+                     "GB/s counts q, k, v and the output once")
+
+
+# ----------------------------------------------------------------------------- W4A16
+
+
+def w4a16_case(run, n, k, m, dtype, group_size=64) -> dict:
+    torch.manual_seed(n * 31 + k * 7 + m)
+    w = torch.randn(n, k) * 0.02
+    qweight, scales, zeros = (t.to(run.device) for t in packing.pack(rtn(w, 4, group_size)))
+    x = randn(run, m, k, dtype=dtype)
+    call = lambda: w4a16_linear(x, qweight, scales, zeros, group_size)  # noqa: E731
+    reference = lambda: F.linear(  # noqa: E731  (QuantLinear.reference_forward)
+        x, packing.dequantize_packed(qweight, scales, zeros, 4, x.dtype))
+    out, first_s = first_call(run, call)
+    ref = reference()
+    err = max_err(out, ref) / max(float(ref.abs().max()), 1e-12)
+    dense_w = packing.dequantize_packed(qweight, scales, zeros, 4, dtype)
+    ms, ms_ref = bench(run, call), bench(run, reference)
+    ms_dense = bench(run, lambda: F.linear(x, dense_w))
+    nbytes = sum(t.numel() * t.element_size() for t in (qweight, scales, zeros))
+    gbs, frac = kv_gbps(run, nbytes, ms)
+    return {"dtype": str(dtype)[6:], "N": n, "K": k, "M": m, "rel_err": err, "us": 1e3 * ms,
+            "weight_GBps": gbs, "of_bandwidth": frac, "dequant_matmul_us": 1e3 * ms_ref,
+            "dense_us": 1e3 * ms_dense, "vs_dense": ms_dense / ms, "first_s": first_s,
+            "ok": err <= tol(dtype, run.cuda)}
+
+
+def check_w4a16(run) -> None:
+    dtype = dtypes(run)[0]
+    shapes = run.pick([(3072, 576, 1), (49152, 576, 1), (4096, 4096, 1), (14336, 4096, 1),
+                       (4096, 4096, 256)], [(4096, 4096, 1)], [(96, 128, 1), (40, 64, 20)])
+    for n, k, m in shapes:
+        run.case(f"N={n} K={k} M={m}", lambda: w4a16_case(run, n, k, m, dtype))
+    run.notes.append("RTN 4-bit, group 64, asymmetric; error relative to the output's max; "
+                     "GB/s counts the packed weight, scales and zeros")
+
+
+SECTIONS = [
+    Section("flash_attention", "FlashAttention (causal, GQA) against SDPA and float64",
+            check_flash, {"full": 120, "quick": 25, "dry": 120}),
+    Section("paged_decode", "Paged decode attention against the PyTorch paged reference",
+            check_paged, {"full": 60, "quick": 10, "dry": 60}),
+    Section("varlen", "FlashAttention varlen (chunked prefill) against the paged reference",
+            check_varlen, {"full": 50, "quick": 10, "dry": 60}),
+    Section("w4a16", "W4A16 matmul against dequantize-then-matmul", check_w4a16,
+            {"full": 40, "quick": 8, "dry": 60}),
+]

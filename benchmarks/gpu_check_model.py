@@ -1,0 +1,271 @@
+"""The model sections of benchmarks/gpu_check.py: SmolLM2 on CUDA against the fp32 CPU
+model, batch-1 decode and serving against transformers on the same GPU, and the test files
+that have CUDA paths.
+
+* greedy_match: 64 greedy tokens of the chat prompt of benchmarks/decode.py, each CUDA
+  variant (bf16 with the Triton backend, bf16 with the torch backend to tell kernel error
+  from bf16 error, fp32 with Triton) against the fp32 CPU model: first divergence, and the
+  teacher-forced logits over the CPU's tokens (max error, top-1 agreement; passes at >= 95%
+  agreement: bf16 may legitimately flip a near-tie and then diverge).
+* decode: benchmarks/decode.py's measurement ((N - 1) / (t(N) - t(1)), median of rounds),
+  eager and compiled, torch and Triton attention, against the weights' bandwidth ceiling
+  (weight bytes / the bandwidth measured in this run) and transformers.
+* serving: benchmarks/serving.py's workload and runners; HF one-at-a-time and HF static-16
+  are sampled (a few requests / one batch, extrapolated), as on CPU.
+* pytest: the test files with CUDA paths, each in its own process, CUDA visible.
+
+In the CPU dry run the model is a 2-layer random-weight SmolLM2 look-alike (its vocabulary,
+tiny dimensions) and transformers' LlamaForCausalLM of the same shape: every code path runs,
+no number means anything.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import decode as decode_bench
+import serving
+import workload
+from gpu_check import ROOT, Section
+from minillm import LlamaModel, ModelConfig, calc, generate, load_model
+
+DRY_CONFIG = ModelConfig.tiny(vocab_size=49152, max_position_embeddings=512)
+CPU = torch.device("cpu")
+
+
+_CACHE: dict = {}  # models and tokenizer, loaded once and shared by the sections
+
+
+def cached(key, factory):
+    if key not in _CACHE:
+        _CACHE[key] = factory()
+    return _CACHE[key]
+
+
+def _load(run, dtype, device):
+    if run.dry:
+        model = LlamaModel(DRY_CONFIG).init_random_weights(seed=0)
+        return model.to(device=device, dtype=dtype).eval().requires_grad_(False), None
+    return load_model(dtype=dtype, device=device)
+
+
+def load_minillm(run, dtype, backend, device):
+    """minillm's model (SmolLM2, or the dry-run twin) with `backend` attention."""
+    model, _ = cached(("minillm", dtype, str(device)), lambda: _load(run, dtype, device))
+    return model.set_attn_backend(backend)
+
+
+def load_hf(run):
+    """transformers on the run's device: SmolLM2 from the same GGUF, or the dry-run twin."""
+    return cached(("hf", str(run.device)), lambda: _load_hf(run))
+
+
+def _load_hf(run):
+    if not run.dry:
+        return decode_bench.load_hf(torch.bfloat16).to(run.device)
+    from transformers import LlamaConfig, LlamaForCausalLM
+    c = DRY_CONFIG
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim,
+        max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=True)).eval()
+
+
+def prompt_ids(run) -> list[int]:
+    if run.dry:
+        return list(range(3, 15))
+    _, tok = cached(("minillm", torch.float32, "cpu"), lambda: _load(run, torch.float32, CPU))
+    return tok.apply_chat_template(decode_bench.PROMPT)
+
+
+def model_dtype(run) -> torch.dtype:
+    return torch.float32 if run.dry else torch.bfloat16
+
+
+# ----------------------------------------------------------------------------- greedy match
+
+
+@torch.inference_mode()
+def greedy_case(run, ids, ref, ref_logits, dtype, backend) -> dict:
+    model = load_minillm(run, dtype, backend, run.device)
+    got = generate(model, ids, len(ref), ignore_eos=True)
+    div = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
+    full = torch.tensor([ids + ref], device=run.device)
+    logits = model(full)[0, len(ids) - 1:-1].float().cpu()
+    top1 = float((logits.argmax(-1) == ref_logits.argmax(-1)).float().mean())
+    return {"dtype": str(dtype)[6:], "attention": backend, "tokens": len(ref),
+            "first_divergence": div, "max_logit_err": float((logits - ref_logits).abs().max()),
+            "logit_scale": float(ref_logits.abs().max()), "top1_agreement": top1,
+            "ok": top1 >= 0.95}
+
+
+@torch.inference_mode()
+def check_greedy(run) -> None:
+    n, ids = run.pick(64, 64, 16), prompt_ids(run)
+    ref_model = load_minillm(run, torch.float32, "torch", CPU)
+    ref = generate(ref_model, ids, n, ignore_eos=True)
+    ref_logits = ref_model(torch.tensor([ids + ref]))[0, len(ids) - 1:-1].float()
+    variants = run.pick([(torch.bfloat16, "triton"), (torch.bfloat16, "torch"),
+                         (torch.float32, "triton")], [(torch.bfloat16, "triton")],
+                        [(torch.float32, "triton")])
+    for dtype, backend in variants:
+        run.case(f"{run.device.type} {str(dtype)[6:]} {backend}",
+                 lambda: greedy_case(run, ids, ref, ref_logits, dtype, backend))
+    run.notes.append(f"reference: fp32 on the CPU, torch attention, {n} greedy tokens "
+                     "(EOS ignored); logits teacher-forced on the reference's tokens")
+
+
+# ----------------------------------------------------------------------------- decode
+
+
+def decode_speed(run, timed, n, rounds) -> dict:
+    """benchmarks/decode.py's measure: decode tok/s = (n - 1) / (t(n) - t(1))."""
+    t0 = time.perf_counter()
+    timed(2)  # warm-up: autotuning, compilation
+    first_s = time.perf_counter() - t0
+    samples = []
+    for _ in range(rounds):
+        t1, tn = timed(1), timed(n)
+        samples.append((n - 1) / (tn - t1))
+    return {"decode_tok_s": statistics.median(samples), "first_s": first_s}
+
+
+def check_decode(run) -> None:
+    n, rounds = run.pick(128, 32, 8), run.pick(3, 1, 1)
+    ids, model = prompt_ids(run), load_minillm(run, model_dtype(run), "torch", run.device)
+    ceiling = (run.env["bandwidth_GBps"] * 1e9
+               / calc.weight_bytes(model.config.num_params(), model.dtype.itemsize))
+    hf_tok_s = None
+
+    def row(name, timed):
+        nonlocal hf_tok_s
+        r = decode_speed(run, timed, n, rounds)
+        if name == "transformers":
+            hf_tok_s = r["decode_tok_s"]
+        return {"engine": name, **r, "of_ceiling": r["decode_tok_s"] / ceiling,
+                "vs_transformers": r["decode_tok_s"] / hf_tok_s if hf_tok_s else None}
+
+    hf = load_hf(run)
+    run.case("transformers", lambda: row("transformers",
+                                         lambda k: decode_bench.time_hf(hf, ids, k)))
+    for backend in ("torch", "triton"):
+        for compiled in (False, True):
+            name = f"minillm {'compiled' if compiled else 'eager'}, {backend} attention"
+            if compiled and (run.mode == "quick" or not run.options.get("compile", True)):
+                run.skipped.append(f"{name} (--quick / --no-compile: compiling takes minutes)")
+                continue
+            if compiled and backend == "triton" and not run.cuda:
+                run.skipped.append(f"{name} (torch.compile cannot trace Triton's interpreter)")
+                continue
+            model.set_attn_backend(backend)
+            run.case(name, lambda: row(name, lambda k: decode_bench.time_minillm(
+                model, ids, k, compile=compiled)))
+    run.notes += [f"batch 1, {len(ids)}-token prompt, {n} new tokens, median of {rounds} "
+                  f"round(s); ceiling {ceiling:.0f} tok/s = {run.env['bandwidth_GBps']} GB/s "
+                  f"/ {str(model.dtype)[6:]} weight bytes",
+                  "CUDA graphs: minillm has no CUDA-graph decode path, so there is no row "
+                  "for it (torch.compile's default mode does not capture graphs)"]
+
+
+# ----------------------------------------------------------------------------- serving
+
+
+def check_serving(run) -> None:
+    wl = run.pick(None, workload.make_workload(16, (16, 128), (16, 64)),
+                  workload.make_workload(6, (8, 24), (4, 12)))
+    wl = wl or json.loads(workload.PATH.read_text())
+    reqs = wl["requests"]
+    model = load_minillm(run, model_dtype(run), "triton", run.device)
+    hf = load_hf(run)
+    serving.run_engine(model, reqs[:2], max_num_seqs=64)  # warm-up: autotuning
+    hf.generate(torch.tensor([reqs[0]["prompt_ids"][:8]], device=run.device), max_new_tokens=2,
+                pad_token_id=2)
+    rows = {}
+
+    def engine(backend, **kw):
+        model.set_attn_backend(backend)
+        r = serving.run_engine(model, reqs, max_num_seqs=64, **kw)
+        return {"tok_s": r["tok_s"], "wall_s": r["wall_s"], "ttft_p50_s": r["ttft_p50_s"],
+                "itl_p50_ms": 1e3 * r["itl_p50_s"], "decode_path": r["decode_path"]}
+
+    def hf_row(r):
+        return {"tok_s": r["tok_s"], "wall_s": r["measured_wall_s"],
+                "sampled": "yes, extrapolated" if r["extrapolated"] else "no"}
+
+    systems = {
+        "engine continuous, triton": lambda: engine("triton"),
+        "engine continuous, torch (gather)": lambda: engine("torch", decode_path="gather"),
+        "HF one-at-a-time": lambda: hf_row(serving.run_hf_one(hf, reqs, run.pick(8, 4, 2))),
+        "HF static-16": lambda: hf_row(serving.run_hf_static(hf, reqs, 16, 1))}
+    for name, fn in systems.items():
+        run.case(name, lambda: rows.setdefault(name, {"system": name, **fn()}))
+    base = rows.get("engine continuous, triton", {}).get("tok_s")
+    for name, goal in (("HF one-at-a-time", 14), ("HF static-16", 3)):
+        if base and name in rows:
+            run.notes.append(f"engine continuous (triton) / {name}: "
+                             f"{base / rows[name]['tok_s']:.1f}x (goal {goal}x)")
+    run.notes.append(f"workload: {wl['description']}; {wl['num_output_tokens']} output tokens; "
+                     f"engine max_num_seqs 64, {str(model.dtype)[6:]}")
+
+
+# ----------------------------------------------------------------------------- pytest
+
+TEST_FILES = ["tests/test_kernels.py", "tests/test_w4a16.py", "tests/test_triton_backend.py",
+              "tests/test_spec.py"]
+
+
+def pytest_file(run, path: str, marks: str) -> dict:
+    cmd = [sys.executable, "-m", "pytest", path, "-q", "-p", "no:cacheprovider", "-m", marks]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    t0 = time.monotonic()
+    try:
+        res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=max(10.0, run.time_left()))
+    except subprocess.TimeoutExpired:
+        run.skipped.append(f"{path}: cut by the time box after {time.monotonic() - t0:.0f} s")
+        return {"file": path, "ok": None, "outcome": "time box"}
+    counts = {k: 0 for k in ("passed", "failed", "skipped", "error")}
+    for num, what in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", res.stdout[-3000:]):
+        counts[what.rstrip("s") if what.startswith("error") else what] += int(num)
+    if res.returncode not in (0, 5):  # 5: nothing collected
+        print(res.stdout[-4000:], res.stderr[-2000:], file=sys.stderr)
+    return {"file": path, **counts, "seconds": time.monotonic() - t0,
+            "ok": res.returncode in (0, 5)}
+
+
+def check_pytest(run) -> None:
+    dist = sorted(os.path.relpath(p, ROOT) for p in glob.glob(str(ROOT / "tests/test_dist*.py"))
+                  if not os.path.basename(p).startswith("test_distill"))  # that one is spec
+    files = run.pick(TEST_FILES, ["tests/test_spec.py"], ["tests/test_spec.py"]) + dist
+    marks = "not browser" if run.mode == "full" else "not browser and not slow"
+    for path in files:
+        run.case(path, lambda: pytest_file(run, path, marks))
+    run.notes.append(f"pytest -m '{marks}', one process per file; the tests pick their own "
+                     "device (the kernel tests switch to CUDA, fp16 and bf16 when it is visible)")
+    if not dist:
+        run.notes.append("no tests/test_dist*.py in this tree: the tensor-parallel tests have "
+                         "not landed, so none ran")
+    elif not run.cuda or torch.cuda.device_count() < 2:
+        run.notes.append("fewer than 2 GPUs: the tensor-parallel tests run their gloo path")
+
+
+SECTIONS = [
+    Section("greedy_match", "SmolLM2 on CUDA: 64 greedy tokens against fp32 on the CPU",
+            check_greedy, {"full": 45, "quick": 20, "dry": 60}),
+    Section("decode", "Batch-1 decode against the bandwidth ceiling and transformers",
+            check_decode, {"full": 110, "quick": 15, "dry": 150}),
+    Section("serving", "Serving workload: engine continuous against HF (sampled)",
+            check_serving, {"full": 90, "quick": 20, "dry": 90}),
+    Section("pytest", "Test files with CUDA paths", check_pytest,
+            {"full": 60, "quick": 10, "dry": 120}),
+]
