@@ -134,9 +134,13 @@ def _alarm(signum, frame):
 
 
 def run_sections(sections: list[Section], mode: str, device: torch.device, env: dict,
-                 options: dict | None = None, total_budget_s: float | None = None) -> list[dict]:
-    """Run each section in turn, isolated and time-boxed; return their report entries."""
-    end = time.monotonic() + (total_budget_s or TOTAL_BUDGET_S[mode])
+                 options: dict | None = None, total_budget_s: float | None = None,
+                 grace_s: float = GRACE_S) -> list[dict]:
+    """Run each section in turn, isolated and time-boxed; return their report entries.
+
+    A section is told its deadline (``Run.case`` skips what would start after it) and is
+    interrupted by SIGALRM ``grace_s`` after it (a hung kernel, a runaway loop)."""
+    end = time.monotonic() + (TOTAL_BUDGET_S[mode] if total_budget_s is None else total_budget_s)
     out = []
     for s in sections:
         budget = min(s.budget_s.get(mode, 0.0), max(0.0, end - time.monotonic()))
@@ -152,7 +156,7 @@ def run_sections(sections: list[Section], mode: str, device: torch.device, env: 
         run = Run(mode, device, env, time.monotonic() + budget, dict(options or {}))
         t0 = time.monotonic()
         old = signal.signal(signal.SIGALRM, _alarm)
-        signal.alarm(int(budget + GRACE_S))
+        signal.setitimer(signal.ITIMER_REAL, budget + grace_s)
         try:
             s.fn(run)
         except Exception as e:  # noqa: BLE001  (a failing section must not stop the others)
@@ -160,7 +164,7 @@ def run_sections(sections: list[Section], mode: str, device: torch.device, env: 
             entry["traceback"] = traceback.format_exc()[-4000:]
             print(entry["traceback"], file=sys.stderr, flush=True)
         finally:
-            signal.alarm(0)
+            signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old)
         entry.update(seconds=round(time.monotonic() - t0, 1), rows=run.rows, notes=run.notes,
                      skipped=run.skipped)

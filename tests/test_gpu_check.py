@@ -1,0 +1,195 @@
+"""benchmarks/gpu_check.py: the no-GPU line, section isolation and time boxes, the Markdown
+table, the JSON schema, and the --cpu-dry-run path at tiny sizes.
+
+The GPU itself is never needed: the no-GPU test hides the devices (CUDA_VISIBLE_DEVICES=""),
+and the dry run runs the kernels in Triton's interpreter and a 2-layer random model.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import gpu_check  # noqa: E402
+from gpu_check import Section, markdown_table, run_sections, to_markdown, validate_report  # noqa: E402
+
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+CPU = torch.device("cpu")
+
+
+def _script(*args, env=None, timeout=600):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_without_a_gpu_it_prints_one_line_and_exits_0(tmp_path):
+    res = _script("--out", str(tmp_path / "r.json"), env={"CUDA_VISIBLE_DEVICES": ""})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.splitlines() == [gpu_check.NO_GPU_LINE]
+    assert "no CUDA device" in res.stdout and "nothing was checked" in res.stdout
+    assert not (tmp_path / "r.json").exists()
+
+
+# ----------------------------------------------------------------------------- runner
+
+
+def _sections(calls):
+    def good(run):
+        calls.append("good")
+        run.case("a", lambda: {"x": 1.5, "ok": True})
+        run.notes.append("a note")
+
+    def raises(run):
+        calls.append("raises")
+        raise RuntimeError("kernel failed to compile")
+
+    def bad_row(run):
+        calls.append("bad_row")
+        run.case("fine", lambda: {"x": 1, "ok": True})
+        run.case("broken", lambda: 1 / 0)
+        run.case("after", lambda: {"x": 2, "ok": True})
+
+    def slow(run):
+        calls.append("slow")
+        for i in range(100):
+            run.case(f"case {i}", lambda: time.sleep(0.02) or {"i": i})
+
+    def hangs(run):
+        calls.append("hangs")
+        time.sleep(30)
+
+    budget = {"dry": 5.0}
+    return [Section("good", "Good", good, budget), Section("raises", "Raises", raises, budget),
+            Section("bad_row", "Bad row", bad_row, budget),
+            Section("slow", "Slow", slow, {"dry": 0.1}),
+            Section("hangs", "Hangs", hangs, {"dry": 0.1}),
+            Section("gpu_only", "GPU only", good, {"full": 5.0}),
+            Section("good_again", "Good again", good, budget)]
+
+
+def test_sections_are_isolated_and_time_boxed():
+    calls = []
+    t0 = time.monotonic()
+    entries = run_sections(_sections(calls), "dry", CPU, {}, grace_s=0.3)
+    assert time.monotonic() - t0 < 10, "the hung section was not interrupted"
+    by = {e["name"]: e for e in entries}
+    assert calls == ["good", "raises", "bad_row", "slow", "hangs", "good"]  # not gpu_only
+    assert by["good"]["status"] == by["good_again"]["status"] == "ok"
+    assert by["good"]["rows"] == [{"x": 1.5, "ok": True}] and by["good"]["notes"] == ["a note"]
+    assert by["raises"]["status"] == "failed"
+    assert "RuntimeError: kernel failed to compile" in by["raises"]["error"]
+    rows = by["bad_row"]["rows"]  # the failing case fails its row and the section, no more
+    assert by["bad_row"]["status"] == "failed" and by["bad_row"]["error"] is None
+    assert [r.get("x") for r in rows] == [1, None, 2]
+    assert rows[1]["case"] == "broken" and "ZeroDivisionError" in rows[1]["error"]
+    slow = by["slow"]  # stops at its deadline and lists what it had no time for
+    assert slow["status"] == "ok" and 0 < len(slow["rows"]) < 100
+    assert len(slow["rows"]) + len(slow["skipped"]) == 100
+    assert slow["skipped"][-1] == "case 99 (time box)"
+    assert by["hangs"]["status"] == "failed" and "SectionTimeout" in by["hangs"]["error"]
+    assert by["gpu_only"]["status"] == "skipped" and by["gpu_only"]["rows"] == []
+    assert "not part of this mode" in by["gpu_only"]["notes"][0]
+
+
+def test_the_total_budget_skips_later_sections():
+    calls = []
+    entries = run_sections(_sections(calls)[:3], "dry", CPU, {}, total_budget_s=0.0)
+    assert calls == [] and {e["status"] for e in entries} == {"skipped"}
+    assert "no time left" in entries[0]["notes"][0]
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _report(entries) -> dict:
+    return {"schema": gpu_check.SCHEMA, "mode": "cuda", "quick": False,
+            "command": "python benchmarks/gpu_check.py", "seconds": 12.0,
+            "ok": all(e["status"] != "failed" for e in entries),
+            "environment": {"device": "NVIDIA H100 80GB HBM3", "driver": "580.65", "cuda": "13.0",
+                            "torch": "2.13.0", "triton": "3.7.1", "python": "3.11.7",
+                            "date": "2026-11-25 14:00 UTC", "bandwidth_GBps": 3000.0,
+                            "matmul_TFLOPs": 700.0},
+            "sections": entries}
+
+
+def test_markdown_table_formats_every_kind_of_value():
+    rows = [{"T": 512, "err": 3.2e-4, "TFLOPs": 312.456, "ratio": 1.234, "ok": True},
+            {"T": 8192, "err": 0.0, "note": "a|b\nc", "ok": False, "frac": 0.5}]
+    assert markdown_table(rows) == [
+        "| T | err | TFLOPs | ratio | ok | note | frac |",
+        "|---|---|---|---|---|---|---|",
+        "| 512 | 3.2e-04 | 312 | 1.23 | yes | – | – |",
+        "| 8192 | 0 | – | – | NO | a/b c | 0.500 |"]
+
+
+def test_to_markdown_has_the_environment_every_section_and_labels_a_dry_run():
+    entries = run_sections(_sections([])[:3], "dry", CPU, {})
+    report = _report(entries)
+    md = to_markdown(report)
+    for text in ("NVIDIA H100 80GB HBM3", "driver 580.65", "torch 2.13.0", "triton 3.7.1",
+                 "2026-11-25 14:00 UTC", "`python benchmarks/gpu_check.py`", "FAILURES",
+                 "**Good** (ok", "**Raises** (failed", "Error: `RuntimeError: kernel failed",
+                 "| x | ok |", "- a note"):
+        assert text in md, text
+    assert "NOT GPU numbers" not in md
+    dry = dict(report, mode="cpu-dry-run")
+    assert to_markdown(dry).startswith("CPU dry run (Triton interpreter, tiny sizes): these "
+                                       "are NOT GPU numbers")
+
+
+def test_the_schema_accepts_a_real_report_and_names_what_breaks_it():
+    report = _report(run_sections(_sections([])[:3], "dry", CPU, {}))
+    validate_report(report)
+    json.loads(json.dumps(report))  # plain JSON
+    breakages = [
+        (lambda r: r.update(schema="other/1"), "schema must be"),
+        (lambda r: r.update(mode="gpu"), "mode must be"),
+        (lambda r: r.pop("environment"), "report.environment"),
+        (lambda r: r["environment"].pop("triton"), "environment.triton"),
+        (lambda r: r["environment"].update(driver=535), "environment.driver"),
+        (lambda r: r["sections"][0].pop("rows"), r"sections\[0\].rows"),
+        (lambda r: r["sections"][1].update(status="meh"), "status must be"),
+        (lambda r: r["sections"][0].update(rows=[1]), "rows must hold dicts"),
+        (lambda r: r.update(ok=True), "ok must be true exactly when no section failed"),
+    ]
+    for breaks, message in breakages:
+        broken = copy.deepcopy(report)
+        breaks(broken)
+        with pytest.raises(ValueError, match=message):
+            validate_report(broken)
+
+
+@pytest.mark.slow
+def test_cpu_dry_run_exercises_every_section_at_tiny_sizes(tmp_path):
+    """Every section but pytest (which runs test files: minutes), compile rows off."""
+    out, md = tmp_path / "gpu.json", tmp_path / "gpu.md"
+    sections = "flash_attention,paged_decode,varlen,w4a16,greedy_match,decode,serving"
+    res = _script("--cpu-dry-run", "--no-compile", "--sections", sections, "--out", str(out),
+                  "--markdown", str(md))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.loads(out.read_text())
+    validate_report(report)
+    assert report["mode"] == "cpu-dry-run" and report["ok"]
+    assert [s["name"] for s in report["sections"]] == sections.split(",")
+    for s in report["sections"]:
+        assert s["status"] == "ok" and s["rows"], s
+        assert all(r.get("ok") is not False for r in s["rows"]), s
+    by = {s["name"]: s for s in report["sections"]}
+    assert {r["heads"] for r in by["flash_attention"]["rows"]} == {"9:3", "32:8"}
+    assert all(r["err_vs_f64"] < 1e-5 for r in by["flash_attention"]["rows"])
+    assert by["greedy_match"]["rows"][0]["first_divergence"] is None
+    engines = [r["engine"] for r in by["decode"]["rows"]]
+    assert engines[0] == "transformers" and "minillm eager, triton attention" in engines
+    assert any("compiled" in s for s in by["decode"]["skipped"])
+    assert {r["system"] for r in by["serving"]["rows"]} >= {"HF one-at-a-time", "HF static-16"}
+    assert md.read_text().startswith("CPU dry run") and md.read_text() in res.stdout
