@@ -26,7 +26,7 @@ Without a CUDA device (and without --cpu-dry-run) it prints one line saying so a
 Exit code otherwise: 0 if every section passed, 1 if any failed (error, mismatch, time-out).
 
 Report (``benchmarks/results/gpu.json``; the dry run writes ``gpu_cpu_dry_run.json``),
-schema ``SCHEMA`` (checked by ``validate_report``)::
+schema ``gpu_check_report.SCHEMA`` (checked by ``validate_report`` there)::
 
     {"schema": "minillm-gpu-check/1", "mode": "cuda" | "cpu-dry-run", "quick": bool,
      "command": str, "ok": bool, "seconds": float,
@@ -37,7 +37,8 @@ schema ``SCHEMA`` (checked by ``validate_report``)::
                    "rows": [{column: value, ...}, ...],   # a row with "ok": false failed
                    "notes": [str, ...], "skipped": [str, ...]}, ...]}
 
-The Markdown (``to_markdown``) is what goes under "Measured on a GPU" in BENCHMARKS.md.
+The Markdown (``gpu_check_report.to_markdown``) goes under "Measured on a GPU" in
+BENCHMARKS.md.
 """
 from __future__ import annotations
 
@@ -56,9 +57,10 @@ from typing import Callable
 
 import torch
 
+from gpu_check_report import SCHEMA, fmt, to_markdown, validate_report
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-SCHEMA = "minillm-gpu-check/1"
 NO_GPU_LINE = ("gpu_check: no CUDA device (torch.cuda.is_available() is False), so nothing "
                "was checked; run it on a GPU machine (make gpu-check), or add --cpu-dry-run "
                "to exercise the script on CPU at tiny sizes")
@@ -126,7 +128,7 @@ class Run:
 
 
 def _row_line(row: dict) -> str:
-    return ", ".join(f"{k}={_fmt(v)}" for k, v in row.items())
+    return ", ".join(f"{k}={fmt(v)}" for k, v in row.items())
 
 
 def _alarm(signum, frame):
@@ -216,89 +218,6 @@ def environment(device: torch.device, mode: str) -> dict:
         flops = measure_matmul_flops(device, torch.float32, n=512, repeats=3)
     env.update(bandwidth_GBps=round(bw / 1e9, 1), matmul_TFLOPs=round(flops / 1e12, 3))
     return env
-
-
-# ----------------------------------------------------------------------------- report
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, bool):
-        return "yes" if v else "NO"
-    if isinstance(v, float):
-        if v != v or v in (float("inf"), float("-inf")):
-            return str(v)
-        a = abs(v)
-        return (f"{v:.0f}" if a >= 100 else f"{v:.2f}" if a >= 1 else
-                "0" if a == 0 else f"{v:.3f}" if a >= 0.01 else f"{v:.1e}")
-    text = str(v).replace("|", "/").replace("\n", " ")
-    return text if len(text) <= 160 else text[:157] + "..."
-
-
-def markdown_table(rows: list[dict]) -> list[str]:
-    """One Markdown table over the union of the rows' keys, in first-seen order."""
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
-    return lines
-
-
-def to_markdown(report: dict) -> str:
-    env = report["environment"]
-    dry = report["mode"] == "cpu-dry-run"
-    head = ("CPU dry run (Triton interpreter, tiny sizes): these are NOT GPU numbers; they "
-            "show that every path of the script runs." if dry else
-            f"{env['device']}, driver {env.get('driver') or '?'}, CUDA {env.get('cuda')}")
-    lines = [f"{head}", "",
-             f"torch {env['torch']}, triton {env['triton']}, Python {env['python']}, "
-             f"{env['date']}; measured bandwidth {env.get('bandwidth_GBps')} GB/s, matmul "
-             f"{env.get('matmul_TFLOPs')} TFLOP/s. Command: `{report['command']}` "
-             f"({report['seconds']:.0f} s, {'all passed' if report['ok'] else 'FAILURES'}).", ""]
-    for s in report["sections"]:
-        lines.append(f"**{s['title']}** ({s['status']}, {s['seconds']:.0f} s)")
-        lines.append("")
-        if s["error"]:
-            lines += [f"Error: `{_fmt(s['error'])[:300]}`", ""]
-        if s["rows"]:
-            lines += markdown_table(s["rows"]) + [""]
-        lines += [f"- {n}" for n in s["notes"]]
-        if s["skipped"]:
-            lines.append(f"- skipped: {'; '.join(s['skipped'])}")
-        if s["notes"] or s["skipped"]:
-            lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def validate_report(report: dict) -> None:
-    """Raise ValueError naming the first field that breaks ``SCHEMA`` (module docstring)."""
-    def need(obj, key, types, where):
-        if key not in obj or not isinstance(obj[key], types):
-            raise ValueError(f"{where}.{key} must be {types}, got {obj.get(key)!r}")
-    if report.get("schema") != SCHEMA:
-        raise ValueError(f"schema must be {SCHEMA!r}, got {report.get('schema')!r}")
-    if report.get("mode") not in ("cuda", "cpu-dry-run"):
-        raise ValueError(f"mode must be 'cuda' or 'cpu-dry-run', got {report.get('mode')!r}")
-    for key, types in (("quick", bool), ("command", str), ("ok", bool), ("seconds", (int, float)),
-                       ("environment", dict), ("sections", list)):
-        need(report, key, types, "report")
-    for key in ("device", "torch", "triton", "python", "date"):
-        need(report["environment"], key, str, "environment")
-    for key in ("driver", "cuda"):
-        need(report["environment"], key, (str, type(None)), "environment")
-    for i, s in enumerate(report["sections"]):
-        where = f"sections[{i}]"
-        for key, types in (("name", str), ("title", str), ("status", str),
-                           ("seconds", (int, float)), ("budget_s", (int, float)),
-                           ("error", (str, type(None))), ("rows", list), ("notes", list),
-                           ("skipped", list)):
-            need(s, key, types, where)
-        if s["status"] not in ("ok", "failed", "skipped"):
-            raise ValueError(f"{where}.status must be ok, failed or skipped, got {s['status']!r}")
-        if not all(isinstance(r, dict) for r in s["rows"]):
-            raise ValueError(f"{where}.rows must hold dicts")
-    if report["ok"] != all(s["status"] != "failed" for s in report["sections"]):
-        raise ValueError("report.ok must be true exactly when no section failed")
 
 
 # ----------------------------------------------------------------------------- main

@@ -20,7 +20,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_check  # noqa: E402
-from gpu_check import Section, markdown_table, run_sections, to_markdown, validate_report  # noqa: E402
+from gpu_check import Section, run_sections  # noqa: E402
+from gpu_check_report import SCHEMA, markdown_table, to_markdown, validate_report  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 CPU = torch.device("cpu")
@@ -112,7 +113,7 @@ def test_the_total_budget_skips_later_sections():
 
 
 def _report(entries) -> dict:
-    return {"schema": gpu_check.SCHEMA, "mode": "cuda", "quick": False,
+    return {"schema": SCHEMA, "mode": "cuda", "quick": False,
             "command": "python benchmarks/gpu_check.py", "seconds": 12.0,
             "ok": all(e["status"] != "failed" for e in entries),
             "environment": {"device": "NVIDIA H100 80GB HBM3", "driver": "580.65", "cuda": "13.0",
