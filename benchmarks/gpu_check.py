@@ -19,8 +19,9 @@ run; each has a time box, and what it had no time for is listed as skipped):
                       bandwidth ceiling and transformers on the same GPU
     serving           gpu_check_model: benchmarks/serving.py's workload, engine continuous
                       against HF one-at-a-time and HF static-16 (both sampled)
-    pytest            gpu_check_model: the kernel, speculative and tensor-parallel test files
-                      with the CUDA device visible (not in --quick)
+    pytest            gpu_check_model: the test files of the kernels (Lab 03's scaffold kernel
+                      included), speculative decoding and tensor parallelism, with the CUDA
+                      device visible (not in --quick)
 
 Without a CUDA device (and without --cpu-dry-run) it prints one line saying so and exits 0.
 Exit code otherwise: 0 if every section passed, 1 if any failed (error, mismatch, time-out).

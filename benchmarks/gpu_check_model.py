@@ -222,13 +222,17 @@ def check_serving(run) -> None:
 
 # (file, pytest -m marks); the speculative tests run their models on the CPU whatever is
 # visible, so their slow real-model tests add nothing here. Fast ones first.
-TEST_FILES = [("tests/test_spec.py", "not slow"), ("tests/test_triton_backend.py", ""),
-              ("tests/test_w4a16.py", ""), ("tests/test_kernels.py", "")]
+# test_lab03's Triton tests run Lab 03's scaffold kernel (minillm.kernels.lab) with the
+# reference inner loop and the student-mistake loops through the check.
+TEST_FILES = [("tests/test_spec.py", "not slow", ""), ("tests/test_triton_backend.py", "", ""),
+              ("tests/test_lab03.py", "", "triton or lab_kernel"),
+              ("tests/test_w4a16.py", "", ""), ("tests/test_kernels.py", "", "")]
 
 
-def pytest_file(run, path: str, marks: str) -> dict:
+def pytest_file(run, path: str, marks: str, select: str = "") -> dict:
     marks = " and ".join(m for m in ("not browser", marks) if m)
     cmd = [sys.executable, "-m", "pytest", path, "-q", "-p", "no:cacheprovider", "-m", marks]
+    cmd += ["-k", select] if select else []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.monotonic()
     try:
@@ -236,23 +240,24 @@ def pytest_file(run, path: str, marks: str) -> dict:
                              timeout=max(10.0, run.time_left()))
     except subprocess.TimeoutExpired:
         run.skipped.append(f"{path}: cut by the time box after {time.monotonic() - t0:.0f} s")
-        return {"file": path, "marks": marks, "ok": None, "outcome": "time box"}
+        return {"file": path, "marks": marks, "k": select, "ok": None, "outcome": "time box"}
     counts = {k: 0 for k in ("passed", "failed", "skipped", "error")}
     for num, what in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", res.stdout[-3000:]):
         counts[what.rstrip("s") if what.startswith("error") else what] += int(num)
     if res.returncode not in (0, 5):  # 5: nothing collected
         print(res.stdout[-4000:], res.stderr[-2000:], file=sys.stderr)
-    return {"file": path, "marks": marks, **counts, "seconds": time.monotonic() - t0,
+    return {"file": path, "marks": marks, "k": select, **counts,
+            "seconds": time.monotonic() - t0,
             "ok": res.returncode in (0, 5)}
 
 
 def check_pytest(run) -> None:
     dist = sorted(os.path.relpath(p, ROOT) for p in glob.glob(str(ROOT / "tests/test_dist*.py"))
                   if not os.path.basename(p).startswith("test_distill"))  # that one is spec
-    files = (TEST_FILES[:1] + [(p, "" if run.cuda else "not slow") for p in dist]
+    files = (TEST_FILES[:1] + [(p, "" if run.cuda else "not slow", "") for p in dist]
              + (TEST_FILES[1:] if run.cuda else []))
-    for path, marks in files:
-        run.case(path, lambda: pytest_file(run, path, marks))
+    for path, marks, select in files:
+        run.case(path, lambda: pytest_file(run, path, marks, select))
     run.notes.append("one pytest process per file, -m 'not browser' (and 'not slow' for "
                      "test_spec.py); the kernel tests switch to CUDA, fp16 and bf16 when it "
                      "is visible" + ("" if run.cuda else "; on CPU they run in `make test`"))
