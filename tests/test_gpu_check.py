@@ -1,5 +1,6 @@
 """benchmarks/gpu_check.py: the no-GPU line, section isolation and time boxes, the Markdown
-table, the JSON schema, and the --cpu-dry-run path at tiny sizes.
+table, the JSON schema, and the --cpu-dry-run path at tiny sizes; and
+benchmarks/triton_compile_sweep.py, which compiles the kernels' CUDA configurations here.
 
 The GPU itself is never needed: the no-GPU test hides the devices (CUDA_VISIBLE_DEVICES=""),
 and the dry run runs the kernels in Triton's interpreter and a 2-layer random model.
@@ -194,3 +195,13 @@ def test_cpu_dry_run_exercises_every_section_at_tiny_sizes(tmp_path):
     assert any("compiled" in s for s in by["decode"]["skipped"])
     assert {r["system"] for r in by["serving"]["rows"]} >= {"HF one-at-a-time", "HF static-16"}
     assert md.read_text().startswith("CPU dry run") and md.read_text() in res.stdout
+
+
+@pytest.mark.slow
+def test_compile_sweep_compiles_cuda_configurations_without_a_gpu():
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "0"}
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "triton_compile_sweep.py"),
+                          "--arch", "80", "--only", "STORE_LSE=True", "--most", "2"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "sm_80 bf16 paged_decode STORE_LSE=True: {'ok': 2} of 2 configurations" in res.stdout
