@@ -205,3 +205,33 @@ def test_compile_sweep_compiles_cuda_configurations_without_a_gpu():
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "sm_80 bf16 paged_decode STORE_LSE=True: {'ok': 2} of 2 configurations" in res.stdout
+
+
+class _Listing(gpu_check.Run):
+    """A Run that records the cases a section would run, without running them."""
+
+    def case(self, label, fn):
+        self.rows.append(label)
+
+
+@pytest.mark.parametrize("mode", ["full", "quick"])
+def test_the_kernel_grids_cover_what_the_issue_asks(mode):
+    import gpu_check_kernels as gk
+
+    def listing(section):
+        run = _Listing(mode, torch.device("cuda"), {}, time.monotonic() + 60)
+        section.fn(run)
+        return run.rows
+
+    flash, paged, varlen, w4 = (listing(s) for s in gk.SECTIONS)
+    if mode == "quick":  # a subset: every kernel, one autotune key each
+        assert flash and paged and varlen and w4 and len(flash) <= 4
+        return
+    assert len(flash) == 2 * 2 * 2 * 5  # dtypes x head_dims x GQA shapes x lengths
+    assert {label.split()[0] for label in flash} == {"bfloat16", "float16"}
+    for text in ("9:3", "32:8", "D=64", "D=128", "T=512", "T=8192"):
+        assert any(text in label for label in flash), text
+    for labels in (paged, varlen):
+        for text in ("B=1 ", "B=256", "context=128", "context=8192"):
+            assert any(text in label for label in labels), (text, labels)
+    assert any("N=49152 K=576 M=1" in label for label in w4)  # SmolLM2's LM head, decode
