@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(device, mode)
     print("environment:", json.dumps(env), flush=True)
     entries = run_sections(sections, mode, device, env, {"compile": not args.no_compile})
-    report = {"schema": SCHEMA, "mode": "cpu-dry-run" if dry else "cuda", "quick": args.quick,
+    report = {"schema": SCHEMA, "mode": "cpu-dry-run" if dry else "cuda", "quick": mode == "quick",
               "command": shlex.join(["python", "benchmarks/gpu_check.py", *(argv or sys.argv[1:])]),
               "ok": all(e["status"] != "failed" for e in entries),
               "seconds": round(time.monotonic() - t0, 1), "environment": env, "sections": entries}
