@@ -172,7 +172,8 @@ def varlen_case(run, b, ctx, dtype, chunk) -> dict:
     torch.manual_seed(b * 7919 + ctx)
     lens_k = torch.randint(max(1, ctx // 2), ctx + 1, (b,)) if b > 1 else torch.tensor([ctx])
     lens_q = lens_k.clamp(max=chunk)  # a prefill chunk after its cached prefix
-    cu_k, cu_q = (torch.cat([torch.zeros(1, dtype=torch.long), x.cumsum(0)]) for x in (lens_k, lens_q))
+    cu_k, cu_q = (torch.cat([torch.zeros(1, dtype=torch.long), x.cumsum(0)])
+                  for x in (lens_k, lens_q))
     q = randn(run, int(cu_q[-1]), hq, d, dtype=dtype)
     k, v = (randn(run, int(cu_k[-1]), hkv, d, dtype=dtype) for _ in range(2))
     cu_q_dev, cu_k_dev = cu_q.to(run.device, torch.int32), cu_k.to(run.device, torch.int32)

@@ -81,7 +81,8 @@ def main() -> int:
         for cfg in configs:
             try:
                 shared = compile_one(fn, types, consts, cfg, args.arch)
-                outcome["ok" if shared <= SHARED_BYTES[args.arch] else "too much shared memory"] += 1
+                fits = shared <= SHARED_BYTES[args.arch]
+                outcome["ok" if fits else "too much shared memory"] += 1
             except Exception as e:  # noqa: BLE001  (reported; the sweep goes on)
                 outcome["FAILED"] += 1
                 print(f"  {name} {cfg}: {type(e).__name__}: {str(e)[:300]}")
