@@ -7,6 +7,7 @@ rows' keys, its notes and what it skipped), which is what BENCHMARKS.md shows un
 from __future__ import annotations
 
 SCHEMA = "minillm-gpu-check/1"
+STATUSES = ("ok", "failed", "timeout", "skipped")
 
 
 def fmt(v) -> str:
@@ -33,6 +34,15 @@ def markdown_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def summary(report: dict) -> str:
+    """"all passed", "FAILURES: ...", plus the sections cut by their time box."""
+    by = {st: [s["name"] for s in report["sections"] if s["status"] == st] for st in STATUSES}
+    text = f"FAILURES: {', '.join(by['failed'])}" if by["failed"] else "all passed"
+    if by["timeout"]:
+        text += f"; incomplete (time box): {', '.join(by['timeout'])}, run it again"
+    return text
+
+
 def to_markdown(report: dict) -> str:
     env = report["environment"]
     dry = report["mode"] == "cpu-dry-run"
@@ -43,7 +53,7 @@ def to_markdown(report: dict) -> str:
              f"torch {env['torch']}, triton {env['triton']}, Python {env['python']}, "
              f"{env['date']}; measured bandwidth {env.get('bandwidth_GBps')} GB/s, matmul "
              f"{env.get('matmul_TFLOPs')} TFLOP/s. Command: `{report['command']}` "
-             f"({report['seconds']:.0f} s, {'all passed' if report['ok'] else 'FAILURES'}).", ""]
+             f"({report['seconds']:.0f} s, {summary(report)}).", ""]
     for s in report["sections"]:
         lines.append(f"**{s['title']}** ({s['status']}, {s['seconds']:.0f} s)")
         lines.append("")
@@ -82,8 +92,8 @@ def validate_report(report: dict) -> None:
                            ("error", (str, type(None))), ("rows", list), ("notes", list),
                            ("skipped", list)):
             need(s, key, types, where)
-        if s["status"] not in ("ok", "failed", "skipped"):
-            raise ValueError(f"{where}.status must be ok, failed or skipped, got {s['status']!r}")
+        if s["status"] not in STATUSES:
+            raise ValueError(f"{where}.status must be one of {STATUSES}, got {s['status']!r}")
         if not all(isinstance(r, dict) for r in s["rows"]):
             raise ValueError(f"{where}.rows must hold dicts")
     if report["ok"] != all(s["status"] != "failed" for s in report["sections"]):

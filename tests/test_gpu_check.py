@@ -98,7 +98,9 @@ def test_sections_are_isolated_and_time_boxed():
     assert slow["status"] == "ok" and 0 < len(slow["rows"]) < 100
     assert len(slow["rows"]) + len(slow["skipped"]) == 100
     assert slow["skipped"][-1] == "case 99 (time box)"
-    assert by["hangs"]["status"] == "failed" and "SectionTimeout" in by["hangs"]["error"]
+    hangs = by["hangs"]  # interrupted: incomplete, not a failed check
+    assert hangs["status"] == "timeout" and hangs["error"] is None
+    assert "interrupted by the time box" in hangs["skipped"][0]
     assert by["gpu_only"]["status"] == "skipped" and by["gpu_only"]["rows"] == []
     assert "not part of this mode" in by["gpu_only"]["notes"][0]
 
@@ -139,11 +141,16 @@ def test_to_markdown_has_the_environment_every_section_and_labels_a_dry_run():
     report = _report(entries)
     md = to_markdown(report)
     for text in ("NVIDIA H100 80GB HBM3", "driver 580.65", "torch 2.13.0", "triton 3.7.1",
-                 "2026-11-25 14:00 UTC", "`python benchmarks/gpu_check.py`", "FAILURES",
+                 "2026-11-25 14:00 UTC", "`python benchmarks/gpu_check.py`", "FAILURES: raises",
                  "**Good** (ok", "**Raises** (failed", "Error: `RuntimeError: kernel failed",
                  "| x | ok |", "- a note"):
         assert text in md, text
-    assert "NOT GPU numbers" not in md
+    assert "NOT GPU numbers" not in md and "incomplete" not in md
+    timed_out = copy.deepcopy(report)
+    timed_out["sections"][1].update(status="timeout", error=None)
+    timed_out["ok"] = False  # bad_row still failed
+    assert "(12 s, FAILURES: bad_row; incomplete (time box): raises, run it again)" \
+        in to_markdown(timed_out)
     dry = dict(report, mode="cpu-dry-run")
     assert to_markdown(dry).startswith("CPU dry run (Triton interpreter, tiny sizes): these "
                                        "are NOT GPU numbers")
@@ -160,7 +167,7 @@ def test_the_schema_accepts_a_real_report_and_names_what_breaks_it():
         (lambda r: r["environment"].pop("triton"), "environment.triton"),
         (lambda r: r["environment"].update(driver=535), "environment.driver"),
         (lambda r: r["sections"][0].pop("rows"), r"sections\[0\].rows"),
-        (lambda r: r["sections"][1].update(status="meh"), "status must be"),
+        (lambda r: r["sections"][1].update(status="meh"), "status must be one of"),
         (lambda r: r["sections"][0].update(rows=[1]), "rows must hold dicts"),
         (lambda r: r.update(ok=True), "ok must be true exactly when no section failed"),
     ]
