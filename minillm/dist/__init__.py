@@ -16,18 +16,22 @@ The formulas these are checked against live in `minillm.calc.parallel`.
 """
 from .comm import CommLedger, CommRecord, use_ledger
 from .generate import StepTrace, tp_generate_stream
-from .launch import free_port, init_from_env, launch
+from .launch import free_port, init_from_env, launch, rank_device
 from .layers import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear,
                      VocabParallelEmbedding)
+from .pipeline import (PipelineEvent, PPRun, gpipe_forward, keep_stage, run_pipeline,
+                       stage_forward, stage_layers)
 from .sharding import (TPInfo, check_tp_size, kv_heads_per_rank, kv_replicas, param_bytes,
                        rank_heads, shard_model, valid_tp_sizes)
 from .tp_run import TPRun, run_tp, run_tp_many
 
 __all__ = [
-    "launch", "init_from_env", "free_port",
+    "launch", "init_from_env", "free_port", "rank_device",
     "CommLedger", "CommRecord", "use_ledger",
     "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "ParallelLMHead",
     "valid_tp_sizes", "check_tp_size", "kv_heads_per_rank", "kv_replicas", "rank_heads",
     "shard_model", "param_bytes", "TPInfo",
     "tp_generate_stream", "StepTrace", "TPRun", "run_tp", "run_tp_many",
+    "PipelineEvent", "PPRun", "stage_layers", "keep_stage", "stage_forward", "gpipe_forward",
+    "run_pipeline",
 ]
