@@ -384,3 +384,22 @@ def test_measured_question_marks_a_wild_prediction_wrong():
                   f"{ledger * 2:.0f} B",              # fp32 counted as 8 bytes
                   f"{37 * 576 * 4:.0f} B"):           # one all-reduce only
         assert not answer("lab08.q12", wrong, m).correct, wrong
+
+
+def test_measured_pipeline_reads_dist_pipeline_events():
+    """dist.run_pipeline's own event type, idle gaps (microbatch -1) included; its measured
+    bubble (1 − Σ fwd ÷ (P · makespan)) is shown as given."""
+    from minillm.dist import PipelineEvent
+
+    ev = [PipelineEvent(0, "fwd", 0, 0.0, 1.0), PipelineEvent(0, "send", 0, 1.0, 1.1),
+          PipelineEvent(0, "idle", -1, 1.1, 2.1),
+          PipelineEvent(1, "idle", -1, 0.0, 1.0), PipelineEvent(1, "recv", 0, 1.0, 1.1),
+          PipelineEvent(1, "fwd", 0, 1.1, 2.1)]
+    run = SimpleNamespace(events=ev, pp_size=2, num_microbatches=1,
+                          measured_bubble_fraction=1 - 2.0 / (2 * 2.1), predicted_bubble_fraction=0.5)
+    m = parallelism.measured_pipeline(run)
+    assert [(e[0], e[1]) for e in m.events] == [(0, "compute"), (0, "comm"), (0, "bubble"),
+                                                (1, "bubble"), (1, "comm"), (1, "compute")]
+    assert m.bubble_fraction == pytest.approx(1 - 2.0 / 4.2) and m.total_s == pytest.approx(2.1)
+    d = parallelism.parallelism_data(tp_size=1, pp_stages=2, measured=run)
+    assert "bubble 52% of the ranks' time (formula 50%)" in d.summary[-1]
