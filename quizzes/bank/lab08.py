@@ -120,7 +120,7 @@ QUESTIONS = [
                       why="A token's experts can be on any GPU, not just the next one."),
                Option("broadcast of all experts' weights", why="That would undo the split of the weights."),
            ]),
-    Numeric("q12", "**Measured.** Before the TP = 3 run (section 5): predict the total bytes of the "
+    Numeric("q12", "**Measured.** Before the TP = 3 run (section 6): predict the total bytes of the "
                    "all-reduces that rank 0's ledger records for the prefill of your prompt, from its "
                    "token count, SmolLM2's size and the dtype (float32). It is marked against the "
                    "ledger, within 20%.",
