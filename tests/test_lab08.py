@@ -194,7 +194,8 @@ def _with(**changes):
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("fn, words", [
-    (_with(qkv_proj=lambda T, d, f, tp, b: T * d * b), "no all-reduce after qkv_proj: qkv_proj is column-parallel"),
+    (_with(qkv_proj=lambda T, d, f, tp, b: T * d * b),
+     "no all-reduce after qkv_proj: qkv_proj is column-parallel"),
     (_with(gate_up_proj=lambda T, d, f, tp, b: T * d * b), "SiLU(gate)·up is elementwise"),
     (_with(attention=lambda T, d, f, tp, b: T * d * b), "no all-reduce after attention"),
     (_with(o_proj=None), "missing after o_proj"),

@@ -236,7 +236,8 @@ def draw_parallelism(data: ParallelismData, fig=None):
     from matplotlib.patches import Patch
 
     handles = [Patch(color=c, label=k)
-               for k, c in (("compute", KIND_COLORS["compute"]), ("all-reduce (model: each microbatch's, together) / send, recv", KIND_COLORS["comm"]),
+               for k, c in (("compute", KIND_COLORS["compute"]),
+                            ("all-reduce (model: each microbatch's, together) / send, recv", KIND_COLORS["comm"]),
                             ("bubble (idle)", KIND_COLORS["bubble"]))]
     fig.legend(handles=handles, fontsize=7, loc="outside lower center", ncol=3)
     fig.suptitle(data.title, fontsize=10)

@@ -134,12 +134,14 @@ def tp_pp_timeline(num_layers, layer_compute_s, message_bytes, tp_size=1, pp_sta
     compute before the first all-reduce (attention), the rest being the MLP.
     """
     L = _int("num_layers", num_layers)
-    tp, pp, m = _int("tp_size", tp_size), _int("pp_stages", pp_stages), _int("num_microbatches", num_microbatches)
+    tp, pp = _int("tp_size", tp_size), _int("pp_stages", pp_stages)
+    m = _int("num_microbatches", num_microbatches)
     msg = _real("message_bytes", message_bytes, allow_zero=True)
     bw = _real("link_bandwidth_bytes_per_s", link_bandwidth_bytes_per_s)
     lat = _real("latency_s", latency_s, allow_zero=True)
     share = _probability("attention_share", attention_share)
-    p2p = bw if p2p_bandwidth_bytes_per_s is None else _real("p2p_bandwidth_bytes_per_s", p2p_bandwidth_bytes_per_s)
+    p2p = (bw if p2p_bandwidth_bytes_per_s is None
+           else _real("p2p_bandwidth_bytes_per_s", p2p_bandwidth_bytes_per_s))
     split = layer_split(L, pp)
     compute = _real("layer_compute_s", layer_compute_s) / tp
     allreduce = allreduce_time_s(msg, tp, bw, lat) if tp > 1 else 0.0

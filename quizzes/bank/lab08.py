@@ -153,6 +153,7 @@ QUESTIONS = [
                Option("PP = 16, one stage per GPU",
                       why="It works, but the bubble at 16 stages needs very many microbatches, and each "
                           "request's latency passes through 16 stages."),
-               Option("Data parallelism: a copy on each GPU", why="405B in fp16 is 810 GB: no copy fits one GPU."),
+               Option("Data parallelism: a copy on each GPU",
+                      why="405B in fp16 is 810 GB: no copy fits one GPU."),
            ]),
 ]

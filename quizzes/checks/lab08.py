@@ -211,7 +211,8 @@ def shard_qkv(case: Case, fn) -> None:
         ref = reference_shard_qkv(w, H, KV, hd, tp, rank)
         got = case.call(fn, w.clone(), H, KV, hd, tp, rank)
         case.expect(isinstance(got, torch.Tensor),
-                    f"return one tensor (the rank's Q rows, then K rows, then V rows); got {type(got).__name__}.")
+                    f"return one tensor (the rank's Q rows, then K rows, then V rows); "
+                    f"got {type(got).__name__}.")
         q, k, v = w.split([H * hd, KV * hd, KV * hd])
         qh = H // tp
         q_rows = q[rank * qh * hd:(rank + 1) * qh * hd]
