@@ -91,6 +91,9 @@ def test_tp_step_time_nvlink_against_pcie():
     assert nv["comm_s"] == pytest.approx(
         61 * calc.allreduce_time_s(message, 3, 450e9) + 2 * 16384 * 2 / 450e9)
     assert calc.tp_step_time_s(SMOL, 1, 1, 450e9, 3.35e12, 990e12)["comm_s"] == 0
+    prefill = calc.tp_step_time_s(SMOL, 40, 3, 450e9, 3.35e12, 990e12, logit_rows=1)
+    assert prefill["comm_s"] == pytest.approx(
+        61 * calc.allreduce_time_s(40 * 576 * 2, 3, 450e9) + 2 * 16384 * 2 / 450e9)
 
 
 # --------------------------------------------------------------------------- launcher
@@ -133,7 +136,7 @@ def _assert_all_gone(pid_dir, world_size):
 @pytest.mark.slow
 def test_launch_returns_rank0_result_and_reports_a_failing_rank(tmp_path):
     assert dist.launch(_rank_sum, 2, 10) == (0, 2, 10 + 0 + 1)
-    with pytest.raises(RuntimeError, match="rank 1 broke on purpose"):
+    with pytest.raises(RuntimeError, match="(?s)rank 1 failed first.*rank 1 broke on purpose"):
         dist.launch(_record_pid_then, 3, str(tmp_path), "raise", timeout_s=120)
     _assert_all_gone(tmp_path, 3)
 
@@ -218,3 +221,38 @@ def test_tiny_model_tp_matches_one_process(tp_size):
         check_ledger(forward, TINY, tp_size, ids.shape[1], 0)
         # generation's prefill gathers the last position only (last_only=True)
         check_ledger(generation, TINY, tp_size, ids.shape[1], 5, prefill_logit_rows=1)
+
+
+@pytest.mark.slow
+def test_ranks_die_with_a_killed_launcher(tmp_path):
+    """kill -9 the process that called launch: its ranks must not outlive it."""
+    import signal
+    import subprocess
+    import sys
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_dist; "
+            "from minillm import dist; "
+            "dist.launch(test_dist._record_pid_then, 2, sys.argv[2], 'sleep', timeout_s=600)")
+    parent = subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).parent),
+                               str(tmp_path)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pids = [int(p.name) for p in tmp_path.iterdir()]
+        assert len(pids) == 2
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in pids)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for init to reap it counts as dead)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"

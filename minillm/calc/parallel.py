@@ -178,14 +178,16 @@ def tp_param_bytes_per_rank(config, tp_size, dtype_bytes, rank=0) -> int:
 
 def tp_step_time_s(config, num_tokens, tp_size, link_bandwidth_bytes_per_s,
                    hbm_bandwidth_bytes_per_s, peak_flops, dtype_bytes=2,
-                   latency_s=0.0) -> dict:
+                   latency_s=0.0, logit_rows=None) -> dict:
     """Predicted time of one tensor-parallel forward of ``num_tokens`` tokens on GPUs.
 
     compute: each rank's roofline, ``max(param_bytes / hbm_bandwidth, 2 · params · tokens /
     peak_flops)`` with rank 0's parameters (`tp_param_bytes_per_rank`); attention is left out.
     comm: ``2 · num_layers + 1`` ring all-reduces of ``tokens · hidden · dtype_bytes`` over the
     link (`allreduce_time_s`, per-direction bandwidth), plus the logits' gather, in which rank
-    0 receives ``tp − 1`` shards. Nothing overlaps: the layer waits for its all-reduce.
+    0 receives ``tp − 1`` shards of ``logit_rows`` rows (default every token, as in a full
+    forward; generation needs only the last row of each sequence, so pass 1 for its prefill).
+    Nothing overlaps: the layer waits for its all-reduce.
 
     Returns {"compute_s", "comm_s", "total_s"}. At tp_size = 1, comm_s = 0.
     """
@@ -201,7 +203,8 @@ def tp_step_time_s(config, num_tokens, tp_size, link_bandwidth_bytes_per_s,
     if tp > 1:
         message = tokens * config.hidden_size * dtype_bytes
         comm = tp_allreduce_count(config.num_layers) * allreduce_time_s(message, tp, bw_link, lat)
-        gather = tp_logits_gather_bytes(tokens, config.vocab_size, tp, dtype_bytes)
+        rows = tokens if logit_rows is None else _int("logit_rows", logit_rows)
+        gather = tp_logits_gather_bytes(rows, config.vocab_size, tp, dtype_bytes)
         comm += (tp - 1) * gather / bw_link + lat
     return {"compute_s": compute, "comm_s": comm, "total_s": compute + comm}
 

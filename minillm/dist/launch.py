@@ -12,15 +12,21 @@ Invariants:
   the ranks, at least 1), so N ranks do not fight over the same cores.
 - On any failure (a rank raises or dies, the timeout passes, the caller is interrupted)
   every child is terminated, then killed, and reaped before `launch` returns or raises:
-  no process is left behind. A rank's error comes back as a RuntimeError carrying its
+  no process is left behind. If the launching process itself is killed, Linux kills the
+  ranks (a parent-death signal). A rank's error comes back as a RuntimeError carrying its
   traceback text.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import io
 import os
+import pickle
 import queue as queue_module
+import signal
 import socket
+import sys
 import time
 from datetime import timedelta
 
@@ -69,8 +75,23 @@ def _loopback_env(port: int, threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the launching process dies, however it dies
+    (torch's own parent-death signal is SIGINT, which a process started in the background
+    of a shell ignores). Elsewhere a no-op."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def _rank_main(rank, fn, world_size, port, backend, threads, results, timeout_s, args, kwargs):
     """Body of each spawned process (module-level so that spawn can pickle it)."""
+    if sys.platform.startswith("linux"):
+        _die_with_parent()
     _loopback_env(port, threads)
     tdist.init_process_group(backend, init_method=f"tcp://{LOOPBACK}:{port}", rank=rank,
                              world_size=world_size, timeout=timedelta(seconds=timeout_s))
@@ -89,7 +110,10 @@ def _rank_main(rank, fn, world_size, port, backend, threads, results, timeout_s,
 def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: float = 300.0,
            port: int | None = None, threads_per_rank: int | None = None, **kwargs):
     """Run `fn(rank, world_size, *args, **kwargs)` on `world_size` ranks; return rank 0's
-    result. `fn` must be a module-level function (spawn pickles it by name).
+    result. `fn` must be a module-level function of an importable module (spawn pickles it
+    by name: a function defined in a notebook cell or under a script's `__main__` guard-less
+    body cannot be found by the children), and a script that calls `launch` needs the
+    `if __name__ == "__main__":` guard.
 
     `port` (default: a free one) and `threads_per_rank` are launch's own keywords; every
     other keyword goes to `fn`. Raises RuntimeError with the failing rank's traceback, and
@@ -125,8 +149,7 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
                 raise TimeoutError(f"launch: the {world_size} ranks did not finish within "
                                    f"timeout_s={timeout_s}; all of them were stopped")
     except ProcessException as exc:
-        raise RuntimeError(f"launch: rank {exc.error_index} (pid {exc.error_pid}) failed:\n"
-                           f"{exc}") from None
+        raise RuntimeError(_failure_report(context, exc)) from None
     finally:
         _stop_and_reap(context.processes)
         results.close()
@@ -134,6 +157,22 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
     if payload is None:
         raise RuntimeError("launch: rank 0 finished without returning a result")
     return torch.load(io.BytesIO(payload), weights_only=False)
+
+
+def _failure_report(context, exc: ProcessException) -> str:
+    """The traceback of the rank that failed first (its error file was written first: the
+    others usually fail after it, with a closed connection), then one line per other rank."""
+    raised = []
+    for rank, path in enumerate(context.error_files):
+        if os.access(path, os.R_OK) and os.path.getsize(path):
+            with open(path, "rb") as f:
+                raised.append((os.path.getmtime(path), rank, pickle.load(f)))
+    if not raised:  # killed by a signal or os._exit: no traceback to show
+        return f"launch: rank {exc.error_index} (pid {exc.error_pid}) failed: {exc}"
+    raised.sort()
+    _, rank, text = raised[0]
+    others = "".join(f"\nthen rank {r}: {t.strip().splitlines()[-1]}" for _, r, t in raised[1:])
+    return f"launch: rank {rank} failed first:\n{text}{others}"
 
 
 def _poll(results, payload, wait_s: float = 0.0):
