@@ -7,11 +7,14 @@ threads, at least 1):
   comm_s                      rank 0's time inside collectives in a decode step (waiting for
                               the slower ranks included); compute_s = step − comm; medians
   allreduce_us                median time of one decode all-reduce (2.3 KB fp32)
-The tokens of every TP size are checked against TP = 1 (same text).
+The tokens of every TP size are checked against TP = 1 (same text). Then the all-reduce
+alone (a decode step's 2.3 KB and a prefill's [41, 576] fp32) on 2 and on 3 ranks: 3 ranks
+on 2 cores means one rank is always descheduled, and every all-reduce waits for it.
 
 Pipeline parallelism (`run_pipeline`): a batch of --pp-batch prompts of --pp-tokens tokens,
-one forward, PP = 1 (the same machinery on one rank) against PP = 2 at several microbatch
-counts: makespan, measured bubble against calc.pp_bubble_fraction.
+one forward (the median of --pp-repeats), PP = 1 (the same machinery on one rank, 2 threads)
+against PP = 2 (1 thread per rank) at several microbatch counts: makespan, measured bubble
+against calc.pp_bubble_fraction.
 
 GPU prediction (`calc.tp_step_time_s`, bf16, H100 HBM 3.35 TB/s and 989 TFLOP/s dense bf16,
 links per direction: NVLink 450 GB/s, PCIe Gen5 32 GB/s; link latency not modelled): the
@@ -74,14 +77,41 @@ def tp_rows(prompt_ids, sizes, new_tokens):
     return rows
 
 
-def pp_rows(batch, microbatches):
+def _allreduce_times(rank, world_size, sizes, repeats):
+    """Median seconds of one gloo all-reduce of each size (fp32 elements) on this group."""
+    out = {}
+    for n in sizes:
+        x = torch.randn(n)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.distributed.all_reduce(x)
+            times.append(time.perf_counter() - start)
+        out[n] = statistics.median(times)
+    return out
+
+
+def allreduce_rows(hidden_size, prompt_tokens, worlds=(2, 3), repeats=200):
+    """The all-reduce alone, with nothing else running: 2 ranks fit the 2 cores, 3 do not."""
+    sizes = [hidden_size, prompt_tokens * hidden_size]
     rows = []
-    one = dist.run_pipeline(1, 1, batch)
+    for world in worlds:
+        times = dist.launch(_allreduce_times, world, sizes, repeats)
+        for n in sizes:
+            rows.append({"ranks": world, "bytes": 4 * n, "median_us": 1e6 * times[n]})
+            print(f"all-reduce alone, {world} ranks, {4 * n:7,d} B: {1e6 * times[n]:8.0f} µs",
+                  flush=True)
+    return rows
+
+
+def pp_rows(batch, microbatches, repeats):
+    rows = []
+    one = dist.run_pipeline(1, 1, batch, repeats=repeats)
     rows.append({"pp": 1, "microbatches": 1, "makespan_s": one.makespan_s,
                  "measured_bubble": one.measured_bubble_fraction, "predicted_bubble": 0.0,
                  "max_abs_logit_diff_vs_pp1": 0.0})
     for m in microbatches:
-        run = dist.run_pipeline(2, m, batch)
+        run = dist.run_pipeline(2, m, batch, repeats=repeats)
         rows.append({"pp": 2, "microbatches": m, "makespan_s": run.makespan_s,
                      "measured_bubble": run.measured_bubble_fraction,
                      "predicted_bubble": run.predicted_bubble_fraction,
@@ -115,6 +145,8 @@ def main():
     parser.add_argument("--pp-batch", type=int, default=8)
     parser.add_argument("--pp-tokens", type=int, default=32)
     parser.add_argument("--pp-microbatches", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--pp-repeats", type=int, default=5,
+                        help="forwards per PP launch; the median makespan's timeline is kept")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "parallel.json"))
     args = parser.parse_args()
     load_before = os.getloadavg()
@@ -132,7 +164,8 @@ def main():
         "machine": {"cpu_count": os.cpu_count(), "torch": torch.__version__},
         "prompt_tokens": len(prompt_ids),
         "tp": tp_rows(prompt_ids, args.tp, args.new_tokens),
-        "pp": pp_rows(batch, args.pp_microbatches),
+        "allreduce_alone": allreduce_rows(config.hidden_size, len(prompt_ids)),
+        "pp": pp_rows(batch, args.pp_microbatches, args.pp_repeats),
         "gpu_prediction": {"assumptions": {**H100, "dtype_bytes": 2, "links": LINKS,
                                            "latency_s": 0.0},
                            "rows": gpu_rows(config, sorted({1, 3, 9} | set(args.tp)),

@@ -131,7 +131,13 @@ def _with_idle(events: list[tuple], pp_size: int, start: float, end: float):
     return sorted(out, key=lambda e: (e.start_s, e.rank))
 
 
-def _pp_worker(rank: int, pp_size: int, batch: torch.Tensor, num_microbatches: int, dtype):
+def _makespan(events) -> float:
+    """From the first event to the end of the last forward, over all ranks."""
+    return max(e[4] for e in events if e[1] == "fwd") - min(e[3] for e in events)
+
+
+def _pp_worker(rank: int, pp_size: int, batch: torch.Tensor, num_microbatches: int, dtype,
+               repeats: int):
     from ..model import load_model
     model, _ = load_model(dtype=dtype, device=rank_device(rank))
     keep_stage(model, rank, pp_size)
@@ -141,13 +147,17 @@ def _pp_worker(rank: int, pp_size: int, batch: torch.Tensor, num_microbatches: i
                   torch.zeros(*microbatches[0].shape, model.config.hidden_size,
                               dtype=model.dtype, device=model.device),
                   torch.arange(batch.shape[1]).expand(microbatches[0].shape))
-    ledger = CommLedger()
-    tdist.barrier()
-    with use_ledger(ledger), ledger.step("pipeline"):
-        outputs, events = gpipe_forward(model, rank, pp_size, microbatches)
-    all_events, ledgers = [None] * pp_size, [None] * pp_size
-    tdist.all_gather_object(all_events, events)
-    tdist.all_gather_object(ledgers, ledger)
+    timelines = []
+    for _ in range(repeats):
+        ledger = CommLedger()
+        tdist.barrier()
+        with use_ledger(ledger), ledger.step("pipeline"):
+            outputs, events = gpipe_forward(model, rank, pp_size, microbatches)
+        gathered, ledgers = [None] * pp_size, [None] * pp_size
+        tdist.all_gather_object(gathered, events)
+        tdist.all_gather_object(ledgers, ledger)
+        flat = [e for rank_events in gathered for e in rank_events]
+        timelines.append((_makespan(flat), flat, ledgers))
     # The logits go from the last stage to rank 0 (outside the timed schedule).
     logits = torch.empty(*batch.shape, model.config.vocab_size, dtype=torch.float32)
     if pp_size > 1 and rank == pp_size - 1:
@@ -158,10 +168,9 @@ def _pp_worker(rank: int, pp_size: int, batch: torch.Tensor, num_microbatches: i
         logits = torch.cat(outputs).cpu()
     if rank != 0:
         return None
-    flat = [e for rank_events in all_events for e in rank_events]
+    makespan, flat, ledgers = sorted(timelines, key=lambda t: t[0])[len(timelines) // 2]
     start = min(e[3] for e in flat)
-    end = max(e[4] for e in flat if e[1] == "fwd")
-    makespan = end - start
+    end = start + makespan
     busy = sum(e[4] - e[3] for e in flat if e[1] == "fwd")
     return PPRun(pp_size, num_microbatches, logits, _with_idle(flat, pp_size, start, end),
                  stage_layers(model.config.num_layers, pp_size), makespan,
@@ -170,11 +179,13 @@ def _pp_worker(rank: int, pp_size: int, batch: torch.Tensor, num_microbatches: i
 
 
 def run_pipeline(pp_size: int, num_microbatches: int, prompt_ids_batch, *,
-                 dtype=torch.float32, timeout_s: float = 600.0) -> PPRun:
+                 dtype=torch.float32, timeout_s: float = 600.0, repeats: int = 1) -> PPRun:
     """GPipe forward of SmolLM2 on `pp_size` ranks over `num_microbatches` microbatches.
 
     `prompt_ids_batch`: B prompts of equal length (list of lists or a [B, T] tensor), with
-    B a multiple of `num_microbatches`. Returns the logits [B, T, V] and the timeline.
+    B a multiple of `num_microbatches`. Returns the logits [B, T, V] and the timeline of
+    one forward; with `repeats` > 1 the forward runs that many times and the timeline with
+    the median makespan is returned (one launch, the model loaded once).
     """
     batch = torch.as_tensor(prompt_ids_batch, dtype=torch.long)
     if batch.dim() != 2 or batch.numel() == 0:
@@ -186,4 +197,7 @@ def run_pipeline(pp_size: int, num_microbatches: int, prompt_ids_batch, *,
                          f"{batch.shape[0]} prompts, got {num_microbatches!r}")
     from ..config import ModelConfig
     stage_layers(ModelConfig.smollm2_135m().num_layers, pp_size)  # checks pp_size
-    return launch(_pp_worker, pp_size, batch, num_microbatches, dtype, timeout_s=timeout_s)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    return launch(_pp_worker, pp_size, batch, num_microbatches, dtype, repeats,
+                  timeout_s=timeout_s)
