@@ -36,6 +36,7 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
 LOOPBACK = "127.0.0.1"
+_PEER_GONE = "Connection closed by peer"  # gloo's error when another rank has exited
 _GRACE_S = 2.0
 
 
@@ -95,16 +96,17 @@ def _rank_main(rank, fn, world_size, port, backend, threads, results, timeout_s,
     _loopback_env(port, threads)
     tdist.init_process_group(backend, init_method=f"tcp://{LOOPBACK}:{port}", rank=rank,
                              world_size=world_size, timeout=timedelta(seconds=timeout_s))
-    try:
-        if backend == "nccl":
-            torch.cuda.set_device(rank_device(rank))
-        result = fn(rank, world_size, *args, **kwargs)
-        if rank == 0:
-            buffer = io.BytesIO()
-            torch.save(result, buffer)  # bytes through the pipe: no shared-memory handles
-            results.put(buffer.getvalue())
-    finally:
-        tdist.destroy_process_group()
+    # On an exception the group is left open: torch writes this rank's traceback, then the
+    # process exits and only then do its peers see the connection close, so the rank that
+    # failed first also wrote its error first (`_failure_report` relies on it).
+    if backend == "nccl":
+        torch.cuda.set_device(rank_device(rank))
+    result = fn(rank, world_size, *args, **kwargs)
+    if rank == 0:
+        buffer = io.BytesIO()
+        torch.save(result, buffer)  # bytes through the pipe: no shared-memory handles
+        results.put(buffer.getvalue())
+    tdist.destroy_process_group()
 
 
 def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: float = 300.0,
@@ -160,18 +162,20 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
 
 
 def _failure_report(context, exc: ProcessException) -> str:
-    """The traceback of the rank that failed first (its error file was written first: the
-    others usually fail after it, with a closed connection), then one line per other rank."""
+    """The traceback of the rank that failed first (an error of its own, not gloo's "peer
+    closed the connection", and written first), then one line per other rank."""
     raised = []
     for rank, path in enumerate(context.error_files):
         if os.access(path, os.R_OK) and os.path.getsize(path):
             with open(path, "rb") as f:
-                raised.append((os.path.getmtime(path), rank, pickle.load(f)))
+                text = pickle.load(f)
+            raised.append((_PEER_GONE in text, os.path.getmtime(path), rank, text))
     if not raised:  # killed by a signal or os._exit: no traceback to show
         return f"launch: rank {exc.error_index} (pid {exc.error_pid}) failed: {exc}"
-    raised.sort()
-    _, rank, text = raised[0]
-    others = "".join(f"\nthen rank {r}: {t.strip().splitlines()[-1]}" for _, r, t in raised[1:])
+    raised.sort()  # a rank's own error before "a peer went away", then by time written
+    *_, rank, text = raised[0]
+    others = "".join(f"\nthen rank {r}: {t.strip().splitlines()[-1]}"
+                     for *_, r, t in raised[1:])
     return f"launch: rank {rank} failed first:\n{text}{others}"
 
 
