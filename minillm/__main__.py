@@ -1,5 +1,9 @@
 """Command line: `python -m minillm generate "prompt"` and `python -m minillm info`.
 
+Tensor parallel: `torchrun --nproc-per-node N -m minillm generate --tp N "prompt"` prints the
+same text from rank 0 (the other ranks print nothing). `--tp` is checked against the model's
+heads and torchrun's world size before any rank loads a weight or connects to another.
+
 Bad arguments exit with status 2 and a one-line message (argparse's convention).
 """
 from __future__ import annotations
@@ -51,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--backend", choices=["torch", "triton"], default="torch")
     gen.add_argument("--compile", action="store_true",
                      help="run decode steps through torch.compile (the first one compiles)")
+    gen.add_argument("--tp", type=_positive_int, default=1,
+                     help="tensor-parallel size; N > 1 runs under torchrun --nproc-per-node N")
     info = sub.add_parser("info", help="model config, sizes and this machine's ceilings")
     info.add_argument("--refresh", action="store_true", help="re-measure this machine")
     return parser
@@ -63,17 +69,56 @@ def _dtype(name, device):
 
 
 def cmd_generate(args) -> int:
+    import os
+    if args.tp > 1 or "WORLD_SIZE" in os.environ:
+        return cmd_generate_tp(args)
     from . import generate_stream, load_model
     from .perf import default_device
     device = default_device()
     model, tok = load_model(dtype=_dtype(args.dtype, device), device=device,
                             attn_backend=args.backend)
-    ids = (tok.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat
-           else tok.encode(args.prompt))
+    tokens = generate_stream(model, _prompt_ids(args, tok), args.max_new_tokens,
+                             args.temperature, args.top_k, args.top_p, args.seed,
+                             compile=args.compile)
+    return _print_stream(tokens, tok)
+
+
+def cmd_generate_tp(args) -> int:
+    """One rank of `torchrun --nproc-per-node N -m minillm generate --tp N`."""
+    import os
+    import torch.distributed as tdist
+    from . import dist, load_model
+    from .config import ModelConfig
+    dist.check_tp_size(ModelConfig.smollm2_135m(), args.tp)  # before any rank does work
+    if args.compile:
+        raise ValueError("--compile is not supported with --tp; drop one of them")
+    rank, _ = dist.init_from_env(args.tp)
+    try:
+        device = dist.rank_device(rank)
+        model, tok = load_model(dtype=_dtype(args.dtype, device), device=device,
+                                attn_backend=args.backend)
+        dist.shard_model(model, rank, args.tp)
+        tokens = dist.tp_generate_stream(model, _prompt_ids(args, tok), args.max_new_tokens,
+                                         args.temperature, args.top_k, args.top_p, args.seed)
+        if rank == 0:
+            return _print_stream(tokens, tok)
+        for _ in tokens:  # every rank runs every step; only rank 0 prints
+            pass
+        return 0
+    finally:
+        tdist.destroy_process_group()
+
+
+def _prompt_ids(args, tok) -> list[int]:
+    return (tok.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat
+            else tok.encode(args.prompt))
+
+
+def _print_stream(tokens, tok) -> int:
+    """Print tokens as they come, up to EOS (not printed)."""
     out: list[int] = []
     shown = ""
-    for token in generate_stream(model, ids, args.max_new_tokens, args.temperature, args.top_k,
-                                 args.top_p, args.seed, compile=args.compile):
+    for token in tokens:
         if token == tok.eos_token_id:
             break
         out.append(token)
@@ -120,7 +165,9 @@ def main(argv=None) -> int:
     try:
         return {"generate": cmd_generate, "info": cmd_info}[args.command](args)
     except (ValueError, FileNotFoundError) as exc:
-        print(f"minillm: error: {exc}", file=sys.stderr)
+        import os
+        if os.environ.get("RANK", "0") == "0":  # under torchrun: one message, from rank 0
+            print(f"minillm: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

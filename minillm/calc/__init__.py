@@ -21,7 +21,7 @@ One module per topic; every name is re-exported here, so ``calc.kv_cache_bytes(.
     attention.py     MHA / GQA / MQA, the score matrix, decode attention's intensity
     batching.py      static batch waste, continuous batching's ideal throughput
     speculative.py   expected tokens, speedup and best k of speculative decoding
-    parallel.py      ring all-reduce, tensor-parallel all-reduces, pipeline bubble
+    parallel.py      ring all-reduce; TP head rule, traffic, memory and step time; bubble
     quantization.py  group-quantized weight bytes, symmetric quantization
     serving.py       utilization, M/M/1 latency, Little's law, end-to-end latency
     cost.py          $ per million tokens, break-even against an API
@@ -37,8 +37,11 @@ from .batching import (continuous_batch_ideal_throughput, static_batch_throughpu
 from .cost import HOURS_PER_MONTH, break_even_tokens_per_month, cost_per_million_tokens
 from .memory import (kv_cache_bytes, kv_cache_bytes_per_token, max_concurrent_sequences,
                      memory_per_gpu, weight_bytes)
-from .parallel import (allreduce_time_s, pp_bubble_fraction, ring_allreduce_bytes,
-                       tp_allreduces_per_layer)
+from .parallel import (NVLINK_H100_BYTES_PER_S, PCIE_GEN5_BYTES_PER_S, allreduce_time_s,
+                       pp_bubble_fraction, ring_allreduce_bytes, tp_allreduce_bytes,
+                       tp_allreduce_count, tp_allreduces_per_layer, tp_kv_heads_per_rank,
+                       tp_kv_replicas, tp_logits_gather_bytes, tp_param_bytes_per_rank,
+                       tp_shard_size, tp_size_problem, tp_step_time_s, tp_valid_sizes)
 from .quantization import quantized_weight_bytes, symmetric_quantize
 from .serving import e2e_latency_s, littles_law_L, mm1_mean_latency, utilization
 from .speculative import (spec_acceptance_probability, spec_expected_tokens,
@@ -60,6 +63,9 @@ __all__ = [
     "spec_expected_tokens", "spec_expected_tokens_naive", "spec_speedup", "spec_optimal_k",
     "spec_acceptance_probability",
     "ring_allreduce_bytes", "allreduce_time_s", "tp_allreduces_per_layer", "pp_bubble_fraction",
+    "NVLINK_H100_BYTES_PER_S", "PCIE_GEN5_BYTES_PER_S", "tp_size_problem", "tp_valid_sizes",
+    "tp_kv_heads_per_rank", "tp_kv_replicas", "tp_shard_size", "tp_allreduce_count",
+    "tp_allreduce_bytes", "tp_logits_gather_bytes", "tp_param_bytes_per_rank", "tp_step_time_s",
     "quantized_weight_bytes", "symmetric_quantize",
     "utilization", "mm1_mean_latency", "littles_law_L", "e2e_latency_s",
     "cost_per_million_tokens", "break_even_tokens_per_month",
