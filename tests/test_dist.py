@@ -256,3 +256,15 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+def test_default_backend_needs_a_gpu_per_rank(monkeypatch):
+    """NCCL only when every rank gets its own GPU; one GPU with 3 ranks takes gloo."""
+    import importlib
+    launch_module = importlib.import_module("minillm.dist.launch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert launch_module.default_backend(1) == "nccl"
+    assert launch_module.default_backend(3) == "gloo"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert launch_module.default_backend(1) == "gloo"

@@ -7,7 +7,8 @@ joins them into one process group over 127.0.0.1 on a free port, calls
 
 Invariants:
 - Only the loopback address is ever used (MASTER_ADDR, the TCP store and gloo's sockets).
-- The backend follows the device: gloo on CPU, NCCL when CUDA is visible.
+- The backend follows the devices: NCCL when CUDA shows a GPU for every rank, else gloo
+  (the CPU path; one GPU with TP = 3 runs there rather than failing).
 - Each rank runs `threads_per_rank` torch/OpenMP threads (default: the cores divided among
   the ranks, at least 1), so N ranks do not fight over the same cores.
 - On any failure (a rank raises or dies, the timeout passes, the caller is interrupted)
@@ -40,8 +41,12 @@ _PEER_GONE = "Connection closed by peer"  # gloo's error when another rank has e
 _GRACE_S = 2.0
 
 
-def default_backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
+def default_backend(world_size: int = 1) -> str:
+    """NCCL when every rank can have a GPU of its own, else gloo (the CPU path), so that one
+    GPU with TP = 3 still runs, over gloo on the CPU, instead of failing."""
+    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
+        return "nccl"
+    return "gloo"
 
 
 def rank_device(rank: int) -> torch.device:
@@ -123,7 +128,7 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    backend = backend or default_backend()
+    backend = backend or default_backend(world_size)
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if backend == "nccl" and torch.cuda.device_count() < world_size:
@@ -221,7 +226,8 @@ def init_from_env(tp_size: int) -> tuple[int, int]:
                          f"{LOOPBACK} (torchrun --master-addr {LOOPBACK})")
     _loopback_env(int(os.environ.get("MASTER_PORT", "29500")), max(
         1, (os.cpu_count() or 1) // world_size))
-    tdist.init_process_group(default_backend(), rank=rank, world_size=world_size)
-    if default_backend() == "nccl":
+    backend = default_backend(world_size)
+    tdist.init_process_group(backend, rank=rank, world_size=world_size)
+    if backend == "nccl":
         torch.cuda.set_device(rank_device(int(os.environ.get("LOCAL_RANK", rank))))
     return rank, world_size
