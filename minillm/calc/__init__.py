@@ -18,11 +18,12 @@ One module per topic; every name is re-exported here, so ``calc.kv_cache_bytes(.
 
     memory.py        KV-cache bytes, weight bytes, sequences that fit in memory
     speed.py         decode tokens/s on the roofline, prefill/decode FLOPs, intensity
-    attention.py     MHA / GQA / MQA, the score matrix, decode attention's intensity
+    attention.py     MHA / GQA / MQA, the score matrix, decode attention's intensity,
+                     sliding-window KV and RoPE scaling
     batching.py      static batch waste, continuous batching's ideal throughput
     speculative.py   expected tokens, speedup and best k of speculative decoding
     parallel.py      ring all-reduce, tensor-parallel all-reduces, pipeline bubble
-    quantization.py  group-quantized weight bytes, symmetric quantization
+    quantization.py  group-quantized weight bytes, int8 KV-cache bytes, symmetric quantization
     serving.py       utilization, M/M/1 latency, Little's law, end-to-end latency
     cost.py          $ per million tokens, break-even against an API
     _common.py       units, ``DTYPE_BYTES`` and the argument checks they all share
@@ -31,7 +32,8 @@ One module per topic; every name is re-exported here, so ``calc.kv_cache_bytes(.
 from __future__ import annotations
 
 from ._common import DTYPE_BYTES, GB, KB, MB, TB, GiB
-from .attention import attention_intensity, attention_kind, attention_matrix_bytes, gqa_reduction
+from .attention import (attention_intensity, attention_kind, attention_matrix_bytes, gqa_reduction,
+                        rope_max_wavelength, rope_ntk_theta, sliding_window_kv_tokens)
 from .batching import (continuous_batch_ideal_throughput, static_batch_throughput,
                        static_batch_utilization, static_batch_wasted_steps)
 from .cost import HOURS_PER_MONTH, break_even_tokens_per_month, cost_per_million_tokens
@@ -39,7 +41,7 @@ from .memory import (kv_cache_bytes, kv_cache_bytes_per_token, max_concurrent_se
                      memory_per_gpu, weight_bytes)
 from .parallel import (allreduce_time_s, pp_bubble_fraction, ring_allreduce_bytes,
                        tp_allreduces_per_layer)
-from .quantization import quantized_weight_bytes, symmetric_quantize
+from .quantization import kv_cache_int8_bytes, quantized_weight_bytes, symmetric_quantize
 from .serving import e2e_latency_s, littles_law_L, mm1_mean_latency, utilization
 from .speculative import (spec_acceptance_probability, spec_expected_tokens,
                           spec_expected_tokens_naive, spec_optimal_k, spec_speedup)
@@ -55,12 +57,13 @@ __all__ = [
     "prefill_flops", "decode_flops", "matvec_intensity", "matmul_intensity", "ridge_point",
     "roofline_flops",
     "gqa_reduction", "attention_kind", "attention_matrix_bytes", "attention_intensity",
+    "sliding_window_kv_tokens", "rope_max_wavelength", "rope_ntk_theta",
     "static_batch_wasted_steps", "static_batch_utilization", "static_batch_throughput",
     "continuous_batch_ideal_throughput",
     "spec_expected_tokens", "spec_expected_tokens_naive", "spec_speedup", "spec_optimal_k",
     "spec_acceptance_probability",
     "ring_allreduce_bytes", "allreduce_time_s", "tp_allreduces_per_layer", "pp_bubble_fraction",
-    "quantized_weight_bytes", "symmetric_quantize",
+    "quantized_weight_bytes", "symmetric_quantize", "kv_cache_int8_bytes",
     "utilization", "mm1_mean_latency", "littles_law_L", "e2e_latency_s",
     "cost_per_million_tokens", "break_even_tokens_per_month",
 ]
