@@ -27,10 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import platform
-import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,6 +45,7 @@ from minillm.kernels import (  # noqa: E402  (sets TRITON_INTERPRET on CPU-only 
     paged_decode_attention,
     tiled_attention,
 )
+from minillm.measure import attention_peak_growth  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "attention.json"
 
@@ -232,25 +230,6 @@ def cpu_smoke() -> list[dict]:
     return rows
 
 
-_MEMORY_CHILD = """
-import resource, sys, torch
-sys.path.insert(0, {root!r})
-from minillm.kernels.tiled import naive_attention, tiled_attention
-impl, t = {impl!r}, {t}
-fn = naive_attention if impl == "naive_attention" else (
-    lambda q, k, v, causal: tiled_attention(q, k, v, causal=causal, block_m=256, block_n=256))
-g = torch.Generator().manual_seed(0)
-small = [torch.randn(1, 9 if i == 0 else 3, 64, 64, generator=g) for i in range(3)]
-fn(*small, causal=True)  # warm-up: library initialisation is not counted
-q = torch.randn(1, 9, t, 64, generator=g)
-k, v = torch.randn(1, 3, t, 64, generator=g), torch.randn(1, 3, t, 64, generator=g)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-out = fn(q, k, v, causal=True)
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print((after - before) * 1024)  # ru_maxrss is in KiB on Linux
-"""
-
-
 def cpu_memory(ts=(1024, 2048, 4096)) -> list[dict]:
     rows = []
     print("\nPeak memory of one attention call beyond its inputs (CPU, fp32, B=1 Hq=9 Hkv=3 D=64,")
@@ -259,10 +238,7 @@ def cpu_memory(ts=(1024, 2048, 4096)) -> list[dict]:
     for t in ts:
         got = {}
         for impl in ("naive_attention", "tiled_attention"):
-            code = _MEMORY_CHILD.format(root=str(ROOT), impl=impl, t=t)
-            res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                 check=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
-            got[impl] = int(res.stdout.strip().splitlines()[-1])
+            got[impl] = attention_peak_growth(impl, t)
         scores = 9 * t * t * 4
         print(f"  {t:>5} | {got['naive_attention'] / 2**20:>11.1f} MiB | {got['tiled_attention'] / 2**20:>11.1f} MiB | "
               f"{scores / 2**20:>32.1f} MiB")

@@ -76,6 +76,11 @@ times with fresh seeds::
 A pass prints ``✓ name: matches the reference on 3 random cases``; a failure
 raises ``CheckFailed`` (an AssertionError) that Jupyter shows as the message only.
 
+Hints teach best after an attempt. The stub's ``# HINT:`` line says where to start
+(it is also the "not implemented yet" message); the formula goes in
+``@register(hint="...")``, which is printed as ``Hint: ...`` under every failure of
+a wrong attempt, never under an untouched stub.
+
 3. Quiz banks (``quizzes/bank/labNN.py``)
 -----------------------------------------
 A module with ``TITLE`` and ``QUESTIONS``::
@@ -89,8 +94,8 @@ A module with ``TITLE`` and ``QUESTIONS``::
     QUESTIONS = [
         Numeric("q1", "KV cache of Llama-2-70B at 4096 tokens, fp16, one sequence?", answer=_kv_gb,
                 unit="GB", rtol=0.02, explanation="2 · 80 · 8 · 128 · 4096 · 2 B = 1.34 GB"),
-        Numeric("q2", "Predict this machine's batch-1 decode tok/s for fp32 weights (538 MB).",
-                answer=lambda m: m["bandwidth_GBps"] / 0.538, unit="tok/s", rtol=0.25,
+        Numeric("q2", "Predict this machine's batch-1 decode ceiling for fp32 weights (538 MB).",
+                answer=lambda m: m["bandwidth_GBps"] / 0.538, unit="tok/s", rtol=0.2,
                 needs=("bandwidth_GBps",), example_measured={"bandwidth_GBps": 25.0}),
         Choice("q3", "Which method pushes rounding error onto later columns?", options=[
             Option("GPTQ", correct=True, why="It uses the inverse Hessian of the layer inputs."),
@@ -103,6 +108,13 @@ read in the question's unit; an answer off by 10^3/10^6/10^9 (or GiB vs GB) gets
 "check your units" hint. A measured answer reads ``quizzes.measured``, filled by the
 lab's measurement cell with ``quizzes.record(bandwidth_GBps=bw)``.
 ``quizzes.answer("lab01.q3", "26 GB")`` marks an answer without widgets (tests).
+
+Predict, then measure: every lab has at least one question where the student
+predicts a number from a formula and an earlier measurement of their own, the
+notebook then measures it (``record``), and the answer is marked against that
+measurement: a ``Numeric`` with ``needs=(...)`` and ``rtol <= 0.2``, whose prompt
+states the tolerance. tests/test_predict_measure.py enforces it for every lab in
+solutions/ and checks that a prediction 10× off is marked wrong.
 Every bank is tested automatically (tests/test_quizzes_core.py): each question must
 accept its own expected answer.
 

@@ -211,6 +211,27 @@ def test_register_a_toy_check_and_use_it_through_check(capsys):
         registry.pop("toy_double", None)
 
 
+def test_register_hint_is_shown_after_a_wrong_attempt_only():
+    @register(cases=1, name="toy_hinted", hint="y = 2·x: add x to itself")
+    def _toy(case, fn):
+        x = case.randn(3)
+        case.compare(case.call(fn, x), 2 * x)
+
+    def stub(x):
+        raise NotImplementedError("double it")
+
+    try:
+        wrong = failure(check.toy_hinted, lambda x: x)
+        assert "Hint: y = 2·x: add x to itself" in wrong
+        assert wrong.index("Hint:") < wrong.index("reproduce:")  # before the reproduce line
+        with pytest.raises(NotImplementedYet) as info:
+            check.toy_hinted(stub)
+        assert "Hint: double it" in str(info.value) and "2·x" not in str(info.value)
+        check.toy_hinted(lambda x: x + x)  # a right answer prints no hint
+    finally:
+        registry.pop("toy_hinted", None)
+
+
 def test_a_bug_in_the_check_itself_is_labelled_as_such():
     @register(name="toy_broken")
     def _broken(case, fn):

@@ -341,6 +341,30 @@ def test_block_pool_against_block_manager():
     assert d.owner.shape == (64,) and "paged wastes" in d.summary[1]
 
 
+def test_fragmentation_gauge_and_its_alert():
+    from widgets import block_pool_grid as g
+
+    run = g.run_pool(64, 12)
+    frag = g.fragmentation_series(run)
+    held = [s for s in run.paged.steps if s.num_used_blocks]
+    assert len(frag) == len(held)
+    for f, s in zip(frag, held):  # against the grid the BlockManager recorded, block by block
+        assert f == pytest.approx(1 - sum(s.block_fill) / (len(s.block_fill) - s.block_owner.count(-1)) / 16)
+        assert 0 <= f < 1
+    # the predict-then-measure formula of lab04.q9: 7.5 empty slots per sequence on average
+    big = g.run_pool(256)
+    mean_held = sum(s.num_kv_tokens for s in big.paged.steps) / sum(len(s.slots) for s in big.paged.steps)
+    assert 7.5 / (mean_held + 7.5) == pytest.approx(big.paged_waste, rel=0.2)
+    # a rule "above 10% for 3 steps" fires on the third step of a run, never on a spike
+    series = [0.05, 0.2, 0.05, 0.2, 0.3, 0.4, 0.5, 0.05]
+    assert g.first_alert(series, 0.10, 3) == 5
+    assert g.first_alert(series, 0.10, 5) is None
+    assert g.first_alert(series, 0.10, 1) == 1
+    assert g.first_alert([0.1, 0.1, 0.1], 0.10, 2) is None  # strictly above the threshold
+    with pytest.raises(ValueError, match="for_steps"):
+        g.first_alert(series, 0.1, 0)
+
+
 def test_block_pool_view_reacts_to_its_controls():
     from widgets import block_pool_grid as g
 
@@ -373,3 +397,21 @@ def test_bank_numbers_are_the_books():
     assert expected("lab05.q3") == pytest.approx(800)
     assert expected("lab05.q4") == pytest.approx(40)
     assert expected("lab05.q5") == pytest.approx(1.0)
+    assert expected("lab04.q10") == pytest.approx(100 * 12 / 112)
+
+
+def test_predicted_engine_steps_equal_the_engines():
+    """lab05.q9: the student's batch_steps predicts the real engine's step count exactly when
+    the budget fits every prompt in one chunk."""
+    import torch
+
+    from minillm import LlamaModel, ModelConfig
+    from quizzes.checks.lab05 import reference_batch_steps
+    from widgets import batching
+
+    torch.manual_seed(0)
+    tiny = LlamaModel(ModelConfig.tiny()).init_random_weights(seed=0).eval()
+    work = batching.tiny_workload(10)
+    run = batching.run_engine(tiny, work, "continuous", max_num_seqs=4)
+    assert run["steps"] == reference_batch_steps([n for _, n in work], 4, "continuous")
+    assert answer("lab05.q9", f"{run['steps']}", {"engine_steps_continuous": run["steps"]}).correct

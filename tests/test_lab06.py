@@ -316,3 +316,44 @@ def test_bank_numbers_are_the_books():
     m = {"bandwidth_GBps": 20.0, "w4_mb_per_token": 171.4}
     assert expected("lab06.q7", m) == pytest.approx(116.7, abs=0.1)
     assert answer("lab06.q7", "125 tok/s", m).correct and not answer("lab06.q7", "60", m).correct
+
+
+# ----------------------------------------------------------------------- the int8 KV cache
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_int8_kv_roundtrip_against_a_float64_reference(seed):
+    from minillm import calc
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 7, 3, 64, generator=g) * torch.rand(2, 7, 3, 1, generator=g) * 5
+    x[0, 0, 0] = 0.0  # an all-zero vector: scale 0, dequantizes to zeros
+    q, scale = quant.quantize_kv_int8(x)
+    assert q.dtype == torch.int8 and q.shape == x.shape and scale.dtype == torch.float16
+    assert scale.shape == (2, 7, 3, 1) and int(q.abs().max()) <= 127
+    s64 = scale.double()
+    ref_q = torch.where(s64 > 0, torch.round(x.double() / torch.where(s64 > 0, s64, 1)), 0).clamp(-127, 127)
+    assert torch.equal(q.double(), ref_q)  # rounded against the scale that is stored
+    back = quant.dequantize_kv_int8(q, scale)
+    assert torch.equal(back[0, 0, 0], torch.zeros(64))
+    assert ((back - x).abs() <= s64.float() / 2 + 1e-6).all()  # half a step at most
+    assert torch.equal(quant.int8_kv_roundtrip(x), back)
+    with pytest.raises(ValueError, match="float tensor"):
+        quant.quantize_kv_int8(torch.ones(3, dtype=torch.int64))
+    # the bytes: head_dim int8 values + one fp16 scale per (token, KV head) vector, for K and V
+    assert calc.kv_cache_int8_bytes(32, 8, 128, 8192) == 2 * 32 * 8 * 8192 * (128 + 2)
+    assert calc.kv_cache_bytes(32, 8, 128, 8192, 2) / calc.kv_cache_int8_bytes(32, 8, 128, 8192) == \
+        pytest.approx(256 / 130)
+
+
+def test_int8_kv_append_writes_in_place_like_generate_expects(tiny):
+    import minillm
+
+    cache_k, cache_v = torch.zeros(1, 10, 2, 16), torch.zeros(1, 10, 2, 16)
+    k, v = torch.randn(1, 3, 2, 16), torch.randn(1, 3, 2, 16)
+    quant.int8_kv_append(cache_k, cache_v, k, v, 4)
+    assert torch.equal(cache_k[:, 4:7], quant.int8_kv_roundtrip(k)) and not cache_k[:, :4].any()
+    assert torch.equal(cache_v[:, 4:7], quant.int8_kv_roundtrip(v)) and not cache_v[:, 7:].any()
+    prompt = [1, 17, 42, 99, 7, 63]
+    plain = minillm.generate(tiny, prompt, 8)
+    assert len(minillm.generate(tiny, prompt, 8, append_fn=quant.int8_kv_append)) == len(plain)

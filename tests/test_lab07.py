@@ -329,3 +329,5 @@ def test_bank_numbers_are_the_books():
     assert not answer("lab07.q5", "7").correct
     m = {"spec_speedup_k4": 2.0}
     assert answer("lab07.q7", "2.6x", m).correct and not answer("lab07.q7", "3.0", m).correct
+    m = {"plain_tok_s": 21.0}  # predicted from a 45 ms plain step: 22.2 tok/s
+    assert answer("lab07.q10", "22.2 tok/s", m).correct and not answer("lab07.q10", "30", m).correct

@@ -18,10 +18,10 @@ is timed with ``minillm.perf.time_fn`` (median). fp32 on CPU.
     data = attention_variants_data(context_len=4096, batch=4)     # pure: numbers only
     view()                                                        # slider + dropdown
 
-Also for this lab, re-exported here from ``attention_memory``: ``load_memory_benchmark`` /
-``format_memory_table`` read the naive-vs-tiled peak memory that ``benchmarks/attention.py``
-measured (fresh process per row, growth of peak RSS during one call) from
-``benchmarks/results/attention.json``.
+Also for this lab, re-exported here from ``attention_memory``: ``measure_memory_row`` measures
+naive-vs-tiled peak memory on this machine (fresh process per call, growth of peak RSS during
+one call); ``load_memory_benchmark`` reads the rows ``benchmarks/attention.py`` committed to
+``benchmarks/results/attention.json``; ``format_memory_table`` prints either.
 
 Pure function: ``attention_variants_data``; figure: ``draw_attention_variants``; view:
 ``AttentionVariantsView`` (CSS class ``minillm-attention-variants``).
@@ -38,13 +38,13 @@ from minillm.config import ModelConfig
 from ._format import fmt_bytes, fmt_time
 from ._models import dtype_bytes
 from ._view import FigureView, new_figure
-from .attention_memory import MEMORY_RESULTS, format_memory_table, load_memory_benchmark
+from .attention_memory import MEMORY_RESULTS, format_memory_table, load_memory_benchmark, measure_memory_row
 from .kv_growth import VARIANTS, kv_heads_for
 
 __all__ = ["VARIANTS", "CONTEXT_LENS", "BATCH_SIZES", "VariantTiming", "AttentionVariantsData",
            "variant_config", "build_models", "measure_decode_step", "attention_variants_data",
            "draw_attention_variants", "AttentionVariantsView", "view", "MEMORY_RESULTS",
-           "load_memory_benchmark", "format_memory_table"]
+           "load_memory_benchmark", "format_memory_table", "measure_memory_row"]
 
 CONTEXT_LENS = (256, 512, 1024, 2048, 4096, 8192)
 BATCH_SIZES = (1, 4, 8)

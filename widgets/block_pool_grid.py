@@ -17,8 +17,11 @@ Two ways to hold the same KV memory (``num_blocks · block_size`` token slots):
 
     waste = 1 − (token slots holding a token) / (slots reserved), summed over all steps
 
-Pure function: ``block_pool_data``; figure: ``draw_block_pool``; view: ``BlockPoolView``
-(CSS class ``minillm-block-pool``; controls ``step`` and ``num_blocks``).
+Pure functions: ``block_pool_data``; ``fragmentation_series`` (per step, the metric a server
+exports: empty ÷ allocated slots of the paged pool) and ``first_alert`` (the step at which an
+alert "above a threshold for N consecutive steps" fires, like Prometheus' ``for:``); figure:
+``draw_block_pool``; view: ``BlockPoolView`` (CSS class ``minillm-block-pool``; controls
+``step`` and ``num_blocks``).
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from ._view import COLORS, FigureView, new_figure
 from .batching import SimResult, load_workload, simulate
 
 __all__ = ["PoolRun", "BlockPoolData", "run_pool", "block_pool_data", "draw_block_pool",
-           "BlockPoolView", "view"]
+           "BlockPoolView", "view", "fragmentation_series", "first_alert"]
 
 MAX_LEN = 512  # the workload's longest possible request: 256 prompt + 256 output tokens
 
@@ -75,6 +78,27 @@ def run_pool(num_blocks: int = 256, num_requests: int = 64, block_size: int = 16
                    _waste(paged.steps, lambda s: s.num_used_blocks * block_size),
                    _waste(contig.steps, lambda s: len(s.slots) * max_len),
                    float(np.mean([len(s.slots) for s in paged.steps])), n_contig)
+
+
+def fragmentation_series(run: PoolRun) -> list[float]:
+    """The paged pool's fragmentation at every step that holds blocks: 1 − tokens held ÷
+    (blocks used · block_size). This is the gauge a server exports and alerts on."""
+    bs = run.block_size
+    return [1 - s.num_kv_tokens / (s.num_used_blocks * bs) for s in run.paged.steps if s.num_used_blocks]
+
+
+def first_alert(series, threshold: float, for_steps: int) -> int | None:
+    """Index of the step at which ``series`` has been above ``threshold`` for ``for_steps``
+    consecutive steps (the alert fires there), or None if it never does. A single spike
+    does not fire: a pool briefly fragmented while requests come and go is normal."""
+    if for_steps < 1:
+        raise ValueError(f"for_steps must be at least 1, got {for_steps}")
+    run_len = 0
+    for i, value in enumerate(series):
+        run_len = run_len + 1 if value > threshold else 0
+        if run_len == for_steps:
+            return i
+    return None
 
 
 @dataclasses.dataclass

@@ -18,11 +18,12 @@ One module per topic; every name is re-exported here, so ``calc.kv_cache_bytes(.
 
     memory.py        KV-cache bytes, weight bytes, sequences that fit in memory
     speed.py         decode tokens/s on the roofline, prefill/decode FLOPs, intensity
-    attention.py     MHA / GQA / MQA, the score matrix, decode attention's intensity
+    attention.py     MHA / GQA / MQA, the score matrix, decode attention's intensity,
+                     sliding-window KV and RoPE scaling
     batching.py      static batch waste, continuous batching's ideal throughput
     speculative.py   expected tokens, speedup and best k of speculative decoding
     parallel.py      ring all-reduce; TP head rule, traffic, memory and step time; bubble
-    quantization.py  group-quantized weight bytes, symmetric quantization
+    quantization.py  group-quantized weight bytes, int8 KV-cache bytes, symmetric quantization
     serving.py       utilization, M/M/1 latency, Little's law, end-to-end latency
     cost.py          $ per million tokens, break-even against an API
     _common.py       units, ``DTYPE_BYTES`` and the argument checks they all share
@@ -31,7 +32,8 @@ One module per topic; every name is re-exported here, so ``calc.kv_cache_bytes(.
 from __future__ import annotations
 
 from ._common import DTYPE_BYTES, GB, KB, MB, TB, GiB
-from .attention import attention_intensity, attention_kind, attention_matrix_bytes, gqa_reduction
+from .attention import (attention_intensity, attention_kind, attention_matrix_bytes, gqa_reduction,
+                        rope_max_wavelength, rope_ntk_theta, sliding_window_kv_tokens)
 from .batching import (continuous_batch_ideal_throughput, static_batch_throughput,
                        static_batch_utilization, static_batch_wasted_steps)
 from .cost import HOURS_PER_MONTH, break_even_tokens_per_month, cost_per_million_tokens
@@ -42,7 +44,7 @@ from .parallel import (NVLINK_H100_BYTES_PER_S, PCIE_GEN5_BYTES_PER_S, allreduce
                        tp_allreduce_count, tp_allreduces_per_layer, tp_kv_heads_per_rank,
                        tp_kv_replicas, tp_logits_gather_bytes, tp_param_bytes_per_rank,
                        tp_shard_size, tp_size_problem, tp_step_time_s, tp_valid_sizes)
-from .quantization import quantized_weight_bytes, symmetric_quantize
+from .quantization import kv_cache_int8_bytes, quantized_weight_bytes, symmetric_quantize
 from .serving import e2e_latency_s, littles_law_L, mm1_mean_latency, utilization
 from .speculative import (spec_acceptance_probability, spec_expected_tokens,
                           spec_expected_tokens_naive, spec_optimal_k, spec_speedup)
@@ -58,6 +60,7 @@ __all__ = [
     "prefill_flops", "decode_flops", "matvec_intensity", "matmul_intensity", "ridge_point",
     "roofline_flops",
     "gqa_reduction", "attention_kind", "attention_matrix_bytes", "attention_intensity",
+    "sliding_window_kv_tokens", "rope_max_wavelength", "rope_ntk_theta",
     "static_batch_wasted_steps", "static_batch_utilization", "static_batch_throughput",
     "continuous_batch_ideal_throughput",
     "spec_expected_tokens", "spec_expected_tokens_naive", "spec_speedup", "spec_optimal_k",
@@ -66,7 +69,7 @@ __all__ = [
     "NVLINK_H100_BYTES_PER_S", "PCIE_GEN5_BYTES_PER_S", "tp_size_problem", "tp_valid_sizes",
     "tp_kv_heads_per_rank", "tp_kv_replicas", "tp_shard_size", "tp_allreduce_count",
     "tp_allreduce_bytes", "tp_logits_gather_bytes", "tp_param_bytes_per_rank", "tp_step_time_s",
-    "quantized_weight_bytes", "symmetric_quantize",
+    "quantized_weight_bytes", "symmetric_quantize", "kv_cache_int8_bytes",
     "utilization", "mm1_mean_latency", "littles_law_L", "e2e_latency_s",
     "cost_per_million_tokens", "break_even_tokens_per_month",
 ]

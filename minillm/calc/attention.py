@@ -49,3 +49,42 @@ def attention_intensity(seq_len, head_dim, num_heads, num_kv_heads=None, dtype_b
     h, hkv = _heads(num_heads, num_heads if num_kv_heads is None else num_kv_heads)
     b = _real("dtype_bytes", dtype_bytes)
     return 4 * h * t * d / ((2 * hkv * t * d + 2 * h * d) * b)
+
+
+def sliding_window_kv_tokens(seq_len, window) -> int:
+    """Positions a sliding-window layer keeps in its KV cache: ``min(T, W)``.
+
+    With a window of W, query i attends to keys i − W + 1 .. i, so older keys can be dropped
+    (a ring buffer of W slots). Mistral-7B (W = 4096) at 32,768 tokens keeps 4,096 per layer:
+    8× less KV than full attention. Only the cache is bounded; information still reaches
+    further back through the layers (W per layer, so up to layers · W tokens).
+    """
+    return min(_int("seq_len", seq_len), _int("window", window))
+
+
+def rope_max_wavelength(head_dim, theta=10000.0) -> float:
+    """Positions per full turn of RoPE's slowest-rotating pair: ``2π · θ^((D − 2) / D)``.
+
+    Pair i rotates by ``pos · θ^(−2i/D)`` radians. The slowest pair (i = D/2 − 1) completes a
+    turn only after this many positions; a model trained on shorter contexts never saw its
+    later angles, which is why it degrades past its training length without scaling.
+    """
+    d = _int("head_dim", head_dim, minimum=2)
+    if d % 2:
+        raise ValueError(f"head_dim must be even (RoPE rotates pairs), got {d}")
+    return 2 * 3.141592653589793 * _real("theta", theta) ** ((d - 2) / d)
+
+
+def rope_ntk_theta(theta, scale, head_dim) -> float:
+    """The RoPE base for NTK-aware scaling by ``scale``: ``θ · s^(D / (D − 2))``.
+
+    It stretches the slowest pair's wavelength by exactly ``s`` (so positions up to s times the
+    training length land on angles the model has seen) while the fastest pairs, which encode
+    nearby order, barely change. Linear position interpolation instead divides every
+    position by s, slowing all pairs alike.
+    """
+    d = _int("head_dim", head_dim, minimum=3)
+    s = _real("scale", scale)
+    if s < 1:
+        raise ValueError(f"scale must be >= 1 (a context extension factor), got {s}")
+    return _real("theta", theta) * s ** (d / (d - 2))

@@ -1,4 +1,5 @@
-"""Quantization: bytes of group-quantized weights, and a worked symmetric quantization."""
+"""Quantization: bytes of group-quantized weights, of an int8 KV cache, and a worked
+symmetric quantization."""
 
 from __future__ import annotations
 
@@ -22,6 +23,18 @@ def quantized_weight_bytes(num_params, bits, group_size=None, scale_bytes=2) -> 
     if group_size is not None:
         total += n / _int("group_size", group_size) * _real("scale_bytes", scale_bytes, allow_zero=True)
     return total
+
+
+def kv_cache_int8_bytes(num_layers, num_kv_heads, head_dim, seq_len, scale_bytes=2, batch=1) -> float:
+    """Bytes of an int8 KV cache with one scale per cached vector (token × KV head):
+    ``2 · layers · kv_heads · seq_len · batch · (head_dim + scale_bytes)``.
+
+    Llama-3-8B at 8,192 tokens: 0.54 GB against 1.07 GB in fp16 (1.97× less; the fp16 scales
+    add 2 bytes per 128). The weights do not shrink, so the gain is in sequences per GPU.
+    """
+    vectors = 2 * _int("num_layers", num_layers) * _int("num_kv_heads", num_kv_heads) * \
+        _int("seq_len", seq_len) * _int("batch", batch)
+    return vectors * (_int("head_dim", head_dim) + _real("scale_bytes", scale_bytes, allow_zero=True))
 
 
 def symmetric_quantize(values, bits) -> tuple[float, list[int], list[float]]:

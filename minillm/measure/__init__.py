@@ -23,10 +23,12 @@ Layout (every name is re-exported here, e.g. ``measure.measure_attention_decode`
     results.py    OpMeasurement, roofline_fraction, format_table
     steps.py      the whole model: measure_decode_steps, measure_prefill, measure_operations
     operators.py  one operator: measure_matmul, measure_matvec, measure_attention_decode
+    memory.py     attention_peak_growth: peak RSS of one attention call, in a fresh process
 """
 
 from __future__ import annotations
 
+from .memory import attention_peak_growth
 from .operators import measure_attention_decode, measure_matmul, measure_matvec
 from .results import OpMeasurement, format_table, roofline_fraction
 from .steps import (DEFAULT_BATCH_SIZES, matmul_params, measure_decode_steps,
@@ -35,5 +37,5 @@ from .steps import (DEFAULT_BATCH_SIZES, matmul_params, measure_decode_steps,
 __all__ = [
     "OpMeasurement", "DEFAULT_BATCH_SIZES", "matmul_params", "measure_decode_steps",
     "measure_prefill", "measure_matmul", "measure_matvec", "measure_attention_decode",
-    "measure_operations", "roofline_fraction", "format_table",
+    "measure_operations", "roofline_fraction", "format_table", "attention_peak_growth",
 ]

@@ -18,6 +18,7 @@ Modules, in reading order:
     data.py         calibration windows and evaluation text (the Lee corpus, split)
     evaluate.py     perplexity, KL to the reference and top-1 agreement
     io.py           save / load as safetensors
+    kv.py           an int8 KV cache: one fp16 scale per cached vector
 """
 from .awq import clip_search, search_scale
 from .data import calibration_windows, evaluation_text
@@ -28,8 +29,10 @@ from .qlinear import QuantLinear
 from .quantize import METHODS, quantize_model, weight_bytes
 from .weights import QuantizedWeight, rtn
 from .io import load, save
+from .kv import dequantize_kv_int8, int8_kv_append, int8_kv_roundtrip, quantize_kv_int8
 
 __all__ = ["QuantizedWeight", "rtn", "gptq", "hessian", "quantize_model", "QuantLinear",
            "calibration_windows", "evaluation_text", "evaluate", "evaluate_many", "evaluation_windows",
            "pack", "unpack", "dequantize_packed", "packed_bytes", "search_scale",
-           "clip_search", "weight_bytes", "save", "load", "METHODS"]
+           "clip_search", "weight_bytes", "save", "load", "METHODS",
+           "quantize_kv_int8", "dequantize_kv_int8", "int8_kv_roundtrip", "int8_kv_append"]

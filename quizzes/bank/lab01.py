@@ -1,9 +1,10 @@
 """Lab 01 quiz: the memory wall and the roofline.
 
 Numeric answers come from ``minillm.calc`` and ``minillm.hardware`` (imported inside the
-answer functions, so importing this bank stays cheap); q9 reads this machine's measured
-batch-1 decode speed, which the lab's measurement cell stores with
-``quizzes.record(decode_tok_s=...)``.
+answer functions, so importing this bank stays cheap). q9 and q12 read what the lab
+recorded on this machine (``quizzes.record``): the bandwidth of section 1 and the batch-1
+decode speed of section 5. q12 is the predict-then-measure question: the ceiling predicted
+in q9 against the fraction of it the real step reaches.
 """
 
 from quizzes.questions import Choice, Numeric, Option
@@ -51,12 +52,11 @@ def _prefill_7b_tflop() -> float:
     return _calc().prefill_flops(7e9, 1000) / 1e12
 
 
-def _spec_accept() -> float:
-    return _calc().spec_acceptance_probability(0.3, 0.6)
+def _fp32_weight_bytes() -> float:
+    """Bytes of SmolLM2-135M's weights that one token multiplies through, in fp32."""
+    from minillm import ModelConfig, measure
 
-
-def _static_waste() -> float:
-    return _calc().static_batch_wasted_steps([20] * 7 + [500])
+    return measure.matmul_params(ModelConfig.smollm2_135m()) * 4
 
 
 QUESTIONS = [
@@ -127,19 +127,14 @@ QUESTIONS = [
     ),
     Numeric(
         "q9",
-        "**Measured.** From the bandwidth you measured on this machine, predict your batch-1 decode "
-        "speed of SmolLM2-135M in fp32 (about 538 MB of weights read per token, plus a few MB of "
-        "KV cache). It is marked against the real decode step measured in section 5. A real step "
-        "reaches only part of the bandwidth ceiling (often 40–80%), so any prediction up to 2.5 times "
-        "the measured speed counts as right.",
-        answer=lambda m: m["decode_tok_s"], unit="tok/s", rtol=1.5,
-        needs=("decode_tok_s",), example_measured={"decode_tok_s": 25.0},
-        explanation="Ceiling = bandwidth ÷ bytes per token, e.g. 25 GB/s ÷ 0.54 GB ≈ 46 tok/s. The "
-                    "measured step reaches part of it (often 40–80%; less when other programs "
-                    "compete for the cores): the bandwidth test streams one long array, while "
-                    "a decode step runs ~120 matrix products, each with its own start-up cost, plus "
-                    "norms, RoPE and attention. gpt-fast-style engines report this fraction "
-                    "(achieved GB/s ÷ peak GB/s) next to tok/s.",
+        "**Predict.** From the bandwidth you measured in section 1, what is the batch-1 decode "
+        "ceiling of SmolLM2-135M in fp32 on this machine, in tok/s? Count the 538 MB of weights a "
+        "token multiplies through (section 2's `measure.matmul_params` × 4 bytes) and leave the few "
+        "MB of KV cache out. It is marked against your measured bandwidth ÷ those bytes, within 5%.",
+        answer=lambda m: m["bandwidth_GBps"] * 1e9 / _fp32_weight_bytes(), unit="tok/s", rtol=0.05,
+        needs=("bandwidth_GBps",), example_measured={"bandwidth_GBps": 20.6},
+        explanation="Ceiling = bandwidth ÷ bytes per token, e.g. 20.6 GB/s ÷ 0.538 GB = 38 tok/s. "
+                    "Section 5 then measures how much of it a real decode step reaches (q12).",
     ),
     Choice(
         "q10",
@@ -178,21 +173,19 @@ QUESTIONS = [
     ),
     Numeric(
         "q12",
-        "**Looking ahead (Lab 07).** Speculative decoding exists because verifying k drafted "
-        "tokens costs about one memory-bound step. A draft proposes a token with probability "
-        "q = 0.6; the target model gives it p = 0.3. With what probability is it accepted?",
-        answer=_spec_accept, unit="", rtol=0.01,
-        explanation="Accept with min(1, p / q) = min(1, 0.3 / 0.6) = 0.5. On rejection, resample from "
-                    "norm(max(0, p − q)): the output then follows the target's distribution exactly.",
-    ),
-    Numeric(
-        "q13",
-        "**Looking ahead (Lab 05).** Batching is the cure for the memory wall, but a static batch runs "
-        "until its longest member is done. 7 requests need 20 output tokens and one needs 500. How "
-        "many slot-steps are wasted (a finished request's slot idling for one step)?",
-        answer=_static_waste, unit="", rtol=0.0, atol=0.5,
-        explanation="The batch lasts 500 steps; each short request idles 500 − 20 = 480 of them: "
-                    "7 × 480 = 3,360 slot-steps, 84% of the 4,000. Continuous batching (Lab 05) refills "
-                    "a slot as soon as it frees.",
+        "**Predict, then measure.** Section 5 measured the batch-1 decode step. What percentage of "
+        "your q9 ceiling did it reach (measured tok/s ÷ ceiling)? Work it out from the table's "
+        "batch-1 step time and your ceiling; it is marked against the measured step and your "
+        "measured bandwidth, within 20% (relative).",
+        answer=lambda m: 100 * m["decode_tok_s"] / (m["bandwidth_GBps"] * 1e9 / _fp32_weight_bytes()),
+        unit="%", rtol=0.2,
+        needs=("decode_tok_s", "bandwidth_GBps"),
+        example_measured={"decode_tok_s": 20.4, "bandwidth_GBps": 20.6},
+        explanation="Measured ÷ ceiling, e.g. 20.4 ÷ 38.3 = 53%. A real step reaches only part of the "
+                    "ceiling (often 40–80%; less when other programs compete for the cores): the "
+                    "bandwidth test streams one long array, while a decode step runs ~120 matrix "
+                    "products, each with its own start-up cost, plus norms, RoPE and attention. "
+                    "gpt-fast-style engines report this fraction (achieved GB/s ÷ peak GB/s) next to "
+                    "tok/s.",
     ),
 ]

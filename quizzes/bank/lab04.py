@@ -1,5 +1,6 @@
-"""Lab 04 quiz: PagedAttention. q2, q3 and q7 read what the lab measured with the real
-BlockManager on benchmarks/workload.json (``quizzes.record`` in the notebook)."""
+"""Lab 04 quiz: PagedAttention. q2, q3, q8 and q9 read what the lab measured with the real
+BlockManager on benchmarks/workload.json (``quizzes.record`` in the notebook). q9 is the
+predict-then-measure question: the paged waste predicted from the mean tokens held."""
 
 from quizzes.questions import Choice, Numeric, Option
 
@@ -71,6 +72,23 @@ QUESTIONS = [
                   "average than contiguous reservation (512 tokens) could hold, as measured?",
             answer=lambda m: m["paged_concurrency_ratio"], unit="x", rtol=0.03,
             needs=("paged_concurrency_ratio",), example_measured={"paged_concurrency_ratio": 1.76},
-            explanation="Paged sequences hold only what they use, so about twice as many fit here; with "
-                        "longer reservations (the model's context) the gain grows to 2–4×."),
+            explanation="Paged sequences hold only what they use, so more of them fit (the ratio you "
+                        "measured); with longer reservations (the model's context) the gain grows."),
+    Numeric("q9", "**Predict, then measure.** Section 4 printed how many tokens a running sequence held "
+                  "on average in the paged run (N). With blocks of 16, the last block of a sequence is "
+                  "on average half empty: (16 − 1) ÷ 2 = 7.5 empty slots. Predict the paged pool's waste "
+                  "(empty slots ÷ allocated slots, in %) before the next cell measures it over every "
+                  "step. Marked against the measurement, within 20%.",
+            answer=lambda m: m["paged_waste_pct"], unit="%", rtol=0.2, needs=("paged_waste_pct",),
+            example_measured={"paged_waste_pct": 3.26},
+            explanation="waste ≈ 7.5 ÷ (N + 7.5): with N ≈ 223 tokens, 7.5 ÷ 230.4 = 3.26%. The tail "
+                        "n mod 16 of a sequence is spread evenly, so its empty slots average "
+                        "(0 + 15 + 14 + … + 1) ÷ 16 = 7.5. Halving the block size halves it, at the "
+                        "cost of longer block tables."),
+    Numeric("q10", "An alert fires when the paged pool's fragmentation (empty ÷ allocated slots) stays above "
+                   "a threshold. With blocks of 16 and sequences of 100 tokens each, what fragmentation "
+                   "do you expect, in %? (A value far above it means requests hold far fewer tokens "
+                   "than their blocks, e.g. a block size too large for short requests.)",
+            answer=lambda: 100 * (1 - 100 / (-(-100 // 16) * 16)), unit="%", rtol=0.02,
+            explanation="ceil(100 ÷ 16) = 7 blocks = 112 slots for 100 tokens: 12 ÷ 112 = 10.7%."),
 ]

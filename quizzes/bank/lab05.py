@@ -1,5 +1,6 @@
-"""Lab 05 quiz: continuous batching and queueing. q7 reads the throughput ratio the lab
-measured with the real LLMEngine (``quizzes.record`` in the notebook)."""
+"""Lab 05 quiz: continuous batching and queueing. q7 and q9 read what the lab measured with
+the real LLMEngine (``quizzes.record`` in the notebook): the throughput ratio, and the step
+count that q9 asks the student to predict with their own ``batch_steps``."""
 
 from quizzes.questions import Choice, Numeric, Option
 
@@ -53,4 +54,14 @@ QUESTIONS = [
                Option("Fewer FLOPs for the prompt.", why="The same tokens are computed; only the schedule changes."),
                Option("A smaller KV cache.", why="The KV of every prompt token is still stored."),
            ]),
+    Numeric("q9", "**Predict, then measure.** Section 3 serves `work` (24 requests; each one's output length "
+                  "is its second element) on the real engine with 8 slots, continuous batching, and a "
+                  "token budget of 512, which fits every prompt in one chunk: the step that computes a "
+                  "prompt also produces its first token. Before running that cell, predict the number of "
+                  "engine steps with your `batch_steps`. Marked against the engine's count, within 5%.",
+            answer=lambda m: m["engine_steps_continuous"], unit="", rtol=0.05,
+            needs=("engine_steps_continuous",), example_measured={"engine_steps_continuous": 274},
+            explanation="batch_steps([n for _, n in work], 8, \"continuous\") = 274, and the engine takes "
+                        "exactly that many: one token per running request per step, a slot refilled the "
+                        "step after it frees. A smaller budget (chunked prefill) would add steps."),
 ]

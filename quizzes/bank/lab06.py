@@ -67,7 +67,7 @@ QUESTIONS = [
             answer=_shrink_g128, unit="x", rtol=0.01,
             explanation="16 bits ÷ (4 + 16/128) bits = 16 ÷ 4.125 = 3.88×, not 4×. Memory-bound "
                         "decode can get up to that much faster; the KV cache does not shrink."),
-    Numeric("q7", "**Measured.** From the bandwidth you measured and the bytes per token of the "
+    Numeric("q7", "**Predict.** From the bandwidth you measured and the bytes per token of the "
                   "w4 g64 model (section 6), what is the batch-1 decode ceiling of the w4 model on "
                   "this machine, in tok/s? It is marked against bandwidth ÷ bytes as measured "
                   "(within 20%); the cell after the question then times the real decode.",

@@ -1,6 +1,8 @@
 """Lab 07 quiz: speculative decoding. Every number comes from ``minillm.calc`` (imported in
-the answer functions) except q7, which reads the speedup the lab measured at k = 4
-(``quizzes.record(spec_speedup_k4=...)`` in the notebook)."""
+the answer functions) except q7 and q10, which read what the lab measured (``quizzes.record`` in the notebook):
+the speedup at k = 4 and the plain decoding speed. q7 keeps a 40% tolerance, because the
+independence assumption of the formula is broken by copying drafts; q10 is the
+predict-then-measure question within 20%."""
 
 from quizzes.questions import Choice, Numeric, Option
 
@@ -101,4 +103,13 @@ QUESTIONS = [
                Option("The draft model does not fit in memory next to a large batch",
                       why="An n-gram draft needs no memory at all, and it stops paying too."),
            ]),
+    Numeric("q10", "**Predict, then measure.** Section 1 measured one plain decode step after the editing "
+                   "prompt. Predict the speed of plain greedy decoding (tok/s, decode only) that section 6 "
+                   "times next to the speculative runs. Marked against that measurement, within 20%.",
+            answer=lambda m: m["plain_tok_s"], unit="tok/s", rtol=0.2, needs=("plain_tok_s",),
+            example_measured={"plain_tok_s": 21.0},
+            explanation="One token per step: 1 ÷ step time, e.g. 1 ÷ 45 ms = 22 tok/s. It is the "
+                        "denominator of every speedup in this lab; the speculative runs are measured "
+                        "against it in the same cell, so the speedups are ratios and survive a "
+                        "busy machine better than either time alone."),
 ]

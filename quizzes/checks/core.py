@@ -200,8 +200,14 @@ _RESERVED = {"register", "registry", "compare", "describe", "show_mismatch", "Ca
 
 
 def register(fn: Callable | None = None, *, cases: int = 3, name: str | None = None,
-             success: str = "matches the reference on {n} random cases") -> Any:
-    """Register ``fn(case, *student_objects)`` as ``check.<name>``. Usable bare or with arguments."""
+             success: str = "matches the reference on {n} random cases", hint: str = "") -> Any:
+    """Register ``fn(case, *student_objects)`` as ``check.<name>``. Usable bare or with arguments.
+
+    ``hint``: the formula or method, shown as "Hint: ..." only under a wrong attempt's
+    failure message (not for a stub that is still unimplemented, whose own ``# HINT:``
+    line is the nudge). Keep the exercise stub's ``# HINT:`` to where to start, and put
+    the worked formula here, so the student meets it after trying.
+    """
 
     def wrap(body: Callable) -> Callable[..., None]:
         check_name = name or body.__name__
@@ -227,7 +233,8 @@ def register(fn: Callable | None = None, *, cases: int = 3, name: str | None = N
                     body_text = str(diff)
                     inputs = f"\n  inputs: {', '.join(case.inputs)}" if case.inputs else ""
                     tail = f"\n  reproduce: check.{check_name}(..., seed={case.seed}, cases=1)"
-                    raise CheckFailed(f"{head}: {body_text}{inputs}{tail}") from None
+                    after = f"\n  Hint: {hint}" if hint else ""
+                    raise CheckFailed(f"{head}: {body_text}{inputs}{after}{tail}") from None
                 except CheckFailed:
                     raise
                 except Exception as exc:  # a bug in the check itself, not in the student's code

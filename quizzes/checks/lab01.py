@@ -64,7 +64,7 @@ def _log_uniform(case: Case, low: float, high: float) -> float:
     return float(10 ** case.rng.uniform(math.log10(low), math.log10(high)))
 
 
-@register(cases=4)
+@register(cases=4, hint="bytes per token = num_params · dtype_bytes; tokens/s = bandwidth ÷ bytes per token.")
 def decode_ceiling(case: Case, fn) -> None:
     """Your decode_tokens_per_s(num_params, dtype_bytes, bandwidth_bytes_per_s): the
     bandwidth-bound ceiling of batch-1 decode, bandwidth ÷ (num_params · dtype_bytes)."""
@@ -85,7 +85,7 @@ def decode_ceiling(case: Case, fn) -> None:
     ])
 
 
-@register(cases=4)
+@register(cases=4, hint="FLOPs = 2·rows·cols; bytes = (rows·cols + cols + rows) · dtype_bytes.")
 def matvec_intensity(case: Case, fn) -> None:
     """Your matvec_intensity(rows, cols, dtype_bytes): FLOPs per byte of y = W·x with W of
     shape rows×cols, every operand read once and y written once."""
@@ -106,7 +106,7 @@ def matvec_intensity(case: Case, fn) -> None:
     ])
 
 
-@register(cases=4)
+@register(cases=4, hint="FLOPs = 2·m·n·k; bytes = (m·k + k·n + m·n) · dtype_bytes.")
 def matmul_intensity(case: Case, fn) -> None:
     """Your matmul_intensity(m, n, k, dtype_bytes): FLOPs per byte of C[m×n] = A[m×k]·B[k×n],
     every operand read once and C written once."""
@@ -127,7 +127,7 @@ def matmul_intensity(case: Case, fn) -> None:
     ])
 
 
-@register(cases=4)
+@register(cases=4, hint="one division: peak FLOP/s ÷ bandwidth in bytes/s gives FLOPs per byte.")
 def ridge_point(case: Case, fn) -> None:
     """Your ridge_point(peak_flops, bandwidth_bytes_per_s): the intensity (FLOPs/byte) where
     the roofline turns from the bandwidth slope to the flat compute roof."""

@@ -76,7 +76,9 @@ def _diagnose_append(name: str, yours, ref, before, new, other_new, start: int) 
             f"yours {yv:.6g}, reference {rv:.6g} (at [0, {first}, 0, 0]).")
 
 
-@register(cases=4)
+@register(cases=4, hint=(
+    "T = k_new.shape[1]; k_cache[:, start_pos:start_pos + T] = k_new, and the same for V (slice "
+    "assignment writes in place)."))
 def kv_append(case: Case, fn) -> None:
     """Your kv_append(k_cache, v_cache, k_new, v_new, start_pos): write the T new tokens'
     K and V ([B, T, Hkv, D]) into the caches ([B, max_seq, Hkv, D]) at positions
@@ -183,7 +185,10 @@ def _explains(yours, variant, ref) -> bool:
     return bool(torch.allclose(a, b, **_ATT_TOL, equal_nan=True))
 
 
-@register(cases=4)
+@register(cases=4, hint=(
+    "S = start_pos + T; take cache[:, :S] as [B, Hkv, S, D] and repeat_interleave the KV heads up to "
+    "Hq; scores = q·kᵀ/√D, set key s > start_pos + t to -inf, softmax, multiply by v, back to [B, T, "
+    "Hq, D]."))
 def cached_attention(case: Case, fn) -> None:
     """Your cached_attention(q, k_cache, v_cache, start_pos): the T new queries ([B, T, Hq, D],
     positions start_pos..start_pos+T-1) attend over cache slots 0..start_pos+T-1 with a causal
@@ -224,7 +229,7 @@ def cached_attention(case: Case, fn) -> None:
 # --------------------------------------------------------------------------- sizes
 
 
-@register(cases=5)
+@register(cases=5, hint="2 (K and V) · num_layers · num_kv_heads · head_dim · seq_len · dtype_bytes · batch.")
 def kv_cache_bytes(case: Case, fn) -> None:
     """Your kv_cache_bytes(num_layers, num_kv_heads, head_dim, seq_len, dtype_bytes, batch):
     the bytes of the KV cache, 2 · layers · kv_heads · head_dim · seq_len · dtype_bytes · batch."""
@@ -247,7 +252,8 @@ def kv_cache_bytes(case: Case, fn) -> None:
     ])
 
 
-@register(cases=4)
+@register(cases=4, hint=(
+    "MHA stores num_heads K/V heads per layer, GQA num_kv_heads: the ratio num_heads ÷ num_kv_heads."))
 def gqa_reduction(case: Case, fn) -> None:
     """Your gqa_reduction(num_heads, num_kv_heads): how many times smaller the KV cache is
     than with MHA (one KV head per query head)."""

@@ -82,7 +82,11 @@ def _diagnose(what, mine, ref):
     return f"after {what}: free_blocks is {f1}, reference {f2}."
 
 
-@register(cases=3)
+@register(cases=3, hint=(
+    "allocate: ceil(num_tokens / block_size) blocks from self._take(). append: last block full "
+    "(num_tokens % block_size == 0) → a new block; shared (ref_cnt > 1) and not full → copy-on-write,"
+    " return [(old, new)]. fork: copy the parent's table and num_tokens, one more reference per "
+    "block. free: self._drop(block) for block in reversed(table)."))
 def block_allocator(case: Case, cls) -> None:
     """Your BlockAllocator(num_blocks, block_size) against minillm's BlockManager over ~30
     random allocate / append / fork / free operations: exact block tables, ref counts, free
@@ -151,7 +155,8 @@ def block_allocator(case: Case, cls) -> None:
 # --------------------------------------------------------------------------- 2. slot mapping
 
 
-@register(cases=3)
+@register(cases=3, hint=(
+    "block_table[p // block_size] * block_size + p % block_size for p in range(start, end)."))
 def slot_mapping(case: Case, fn) -> None:
     """Your slot_mapping(block_table, start, end, block_size) -> the cache slot of each position
     start .. end-1: block_table[p // block_size] * block_size + p % block_size."""
@@ -202,7 +207,9 @@ def _ref_hashes(tokens, bs):
     return out
 
 
-@register(cases=3)
+@register(cases=3, hint=(
+    "loop over the len(token_ids) // block_size full blocks; parent = hash_block_tokens(parent, "
+    "tuple(block)), starting from None."))
 def block_hashes(case: Case, fn) -> None:
     """Your block_hashes(token_ids, block_size) -> one hash per FULL block, chained:
     h_i = hash_block_tokens(h_{i-1}, tokens of block i), h_{-1} = None. Also fed two prompts

@@ -83,7 +83,10 @@ def _state(case: Case):
     return running, waiting
 
 
-@register(cases=6)
+@register(cases=6, hint=(
+    "copy the dicts; finished = ids with decode_left == 0; then decodes (1 token each), prefill "
+    "chunks min(prefill_left, budget), then admit waiting[0] while budget > 0 and len(running) < "
+    "max_num_seqs."))
 def schedule_step(case: Case, fn) -> None:
     """Your schedule_step(running, waiting, max_num_seqs, max_num_batched_tokens) against the
     reference step (evict, decode, chunked prefill, admit under the token budget)."""
@@ -128,7 +131,9 @@ def schedule_step(case: Case, fn) -> None:
     case.compare([dict(r) for r in got["running"]], want["running"], what="running after the step")
 
 
-@register(cases=4)
+@register(cases=4, hint=(
+    "static: the sum of max() over consecutive groups of num_slots. continuous: simulate: fill free "
+    "slots from the queue, take one token from each, drop the done, count steps."))
 def batch_steps(case: Case, fn) -> None:
     """Your batch_steps(output_lengths, num_slots, policy) -> decode steps to finish all
     requests, for policy "static" (batches of num_slots in order, each runs to its longest)

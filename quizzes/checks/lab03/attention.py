@@ -186,7 +186,9 @@ def _attention_inputs(case: Case, b: int, h: int, t: int, d: int, big: bool, dev
     return tuple(x.to(device or "cpu") for x in (q, k, v))
 
 
-@register(cases=3)
+@register(cases=3, hint=(
+    "start from m = -inf, l = 0, acc = 0; for n0 in range(0, T, block_n): the tile's scores q·kᵀ/√D, "
+    "-inf where key n0 + j > query i (causal), then online_softmax_update; return acc / l."))
 def tiled_attention(case: Case, fn) -> None:
     """Your tiled_attention(q, k, v, causal, block_n) for q, k, v of shape [B, H, T, D]
     against naive attention (float64), causal and not, with T not a multiple of block_n.

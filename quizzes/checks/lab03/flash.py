@@ -67,7 +67,11 @@ def _tolerance_for_device() -> dict:
     return dict(_ATT_TOL) if interpreter_enabled() else dict(atol=2e-2, rtol=2e-2)
 
 
-@register(cases=3)
+@register(cases=3, hint=(
+    "for start_n in range(0, hi, BLOCK_N): offs_n = start_n + tl.arange(0, BLOCK_N); load K and V at "
+    "base + offs_n[:, None] * HEAD_DIM + offs_d[None, :] with mask offs_n < seq_len; s = tl.dot(q, "
+    "tl.trans(k)) * sm_scale; -inf where masked; then the update of Section 3 with tl.exp, casting p "
+    "to v's dtype before tl.dot(p, v)."))
 def flash_inner_loop(case: Case, fn) -> None:
     """Your @triton.jit attn_inner_loop, run inside minillm's lab kernel
     (minillm.kernels.lab.flash_attention_lab, 16 x 16 tiles), against naive attention

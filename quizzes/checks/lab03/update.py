@@ -118,7 +118,9 @@ def _nan_diagnosis(field: str, yours, m_old, m_new) -> str:
             "Check the rows whose m is −inf (before or after this block).")
 
 
-@register(cases=3)
+@register(cases=3, hint=(
+    "m_new = max(m, row max of the block); inside exp() use 0 where m_new is -inf; alpha = exp(m - "
+    "m_new) rescales the old l and acc; l_new = alpha·l + Σp, acc_new = alpha·acc + p·V."))
 def online_softmax_update(case: Case, fn) -> None:
     """Your online_softmax_update(m, l, acc, scores_block, v_block) -> (m, l, acc) against
     minillm.kernels.tiled.online_softmax_update, fed four blocks in turn (each step starts
