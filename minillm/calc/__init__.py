@@ -24,7 +24,8 @@ One module per topic; every name is re-exported here, so ``calc.kv_cache_bytes(.
     parallel.py      ring all-reduce, tensor-parallel all-reduces, pipeline bubble
     quantization.py  group-quantized weight bytes, symmetric quantization
     serving.py       utilization, M/M/1 latency, Little's law, end-to-end latency
-    cost.py          $ per million tokens, break-even against an API
+    cost.py          $ per million tokens, break-even against an API, GPUs for a load
+    capacity.py      a replica's memory budget, the step-time model, deployment design
     _common.py       units, ``DTYPE_BYTES`` and the argument checks they all share
 """
 
@@ -34,7 +35,12 @@ from ._common import DTYPE_BYTES, GB, KB, MB, TB, GiB
 from .attention import attention_intensity, attention_kind, attention_matrix_bytes, gqa_reduction
 from .batching import (continuous_batch_ideal_throughput, static_batch_throughput,
                        static_batch_utilization, static_batch_wasted_steps)
-from .cost import HOURS_PER_MONTH, break_even_tokens_per_month, cost_per_million_tokens
+from .capacity import (Design, MemoryBudget, StepModel, activation_bytes, design_deployment,
+                       memory_budget, replica_seconds_per_request, replicas_for_rate,
+                       request_latency_s)
+from .cost import (HOURS_PER_MONTH, break_even_tokens_per_month, break_even_utilization,
+                   cost_per_million_tokens, gpu_dollars_per_month, gpus_for_load,
+                   tokens_per_month)
 from .memory import (kv_cache_bytes, kv_cache_bytes_per_token, max_concurrent_sequences,
                      memory_per_gpu, weight_bytes)
 from .parallel import (allreduce_time_s, pp_bubble_fraction, ring_allreduce_bytes,
@@ -62,5 +68,8 @@ __all__ = [
     "ring_allreduce_bytes", "allreduce_time_s", "tp_allreduces_per_layer", "pp_bubble_fraction",
     "quantized_weight_bytes", "symmetric_quantize",
     "utilization", "mm1_mean_latency", "littles_law_L", "e2e_latency_s",
-    "cost_per_million_tokens", "break_even_tokens_per_month",
+    "cost_per_million_tokens", "break_even_tokens_per_month", "break_even_utilization",
+    "gpu_dollars_per_month", "tokens_per_month", "gpus_for_load",
+    "activation_bytes", "MemoryBudget", "memory_budget", "StepModel", "request_latency_s",
+    "replica_seconds_per_request", "replicas_for_rate", "Design", "design_deployment",
 ]
