@@ -15,6 +15,7 @@ from .config import MODEL_NAME, ServeConfig
 from .errors import APIError
 from .loadgen import LoadResult, run_load, sweep
 from .process import ServerProcess
+from .server import ThreadedServer
 
-__all__ = ["APIError", "LoadResult", "MODEL_NAME", "ServeConfig", "ServerProcess",
+__all__ = ["APIError", "LoadResult", "MODEL_NAME", "ServeConfig", "ServerProcess", "ThreadedServer",
            "create_app", "loadgen", "metrics", "run_load", "sse", "sweep"]

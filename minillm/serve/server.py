@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
+import time
 
 import uvicorn
 
@@ -75,3 +77,37 @@ def serve(config: ServeConfig, model=None, tokenizer=None, log_level: str = "inf
              config.max_queue_len, engine.config.num_blocks)
     server.run()
     return 0
+
+
+class ThreadedServer:
+    """An app served by uvicorn in a background thread on a free loopback port (tests, and
+    a notebook that already holds the model). No signal handling: `stop()` shuts it down.
+
+        with ThreadedServer(create_app(engine, tok, config)) as srv:
+            httpx.get(srv.url + "/health")
+    """
+
+    def __init__(self, app, port: int | None = None, log_level: str = "warning"):
+        from .process import free_port
+        self.app, self.port = app, port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+                                                    log_level=log_level, access_log=False,
+                                                    timeout_graceful_shutdown=5))
+        self._thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server on port {self.port} did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(30)
+
+    def __enter__(self) -> "ThreadedServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
