@@ -90,11 +90,13 @@ class AsyncEngine:
         self.num_blocks = engine.config.num_blocks
         self.streams: dict[str, RequestStream] = {}   # in flight (added or pending)
         self._pending_adds: list[RequestStream] = []
+        self._adding: list[RequestStream] = []  # handed to the engine thread this turn
         self._pending_aborts: set[str] = set()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="minillm-engine")
         self._ids = itertools.count()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.draining = False
         self.snapshot = self._snapshot()
         metrics.update_engine(self.snapshot, 0)
@@ -102,7 +104,8 @@ class AsyncEngine:
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
         self._wake = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-loop")
+        self.loop = asyncio.get_running_loop()
+        self._task = self.loop.create_task(self._run(), name="engine-loop")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -142,14 +145,16 @@ class AsyncEngine:
                           f"whole pool has {self.num_blocks}: it could never run; shorten the "
                           f"prompt or lower max_tokens", "max_tokens", "context_length_exceeded")
         if shed:
-            num_waiting = snap["num_waiting"] + len(self._pending_adds)
+            # the snapshot predates the adds in flight to the engine thread: count them too
+            queued = self._pending_adds + self._adding
+            num_waiting = snap["num_waiting"] + len(queued)
             if num_waiting >= cfg.max_queue_len:
                 raise self._shed(f"the server is overloaded: {num_waiting} requests are "
                                  f"waiting (max_queue_len={cfg.max_queue_len}); retry later",
                                  "queue_full")
             need = -(-len(prompt_ids) // self.block_size)
             reserved = snap["waiting_prompt_blocks"] + sum(
-                -(-len(s.prompt_ids) // self.block_size) for s in self._pending_adds)
+                -(-len(s.prompt_ids) // self.block_size) for s in queued)
             if need > snap["num_free_blocks"] - reserved:
                 raise self._shed(f"the KV cache is full: the prompt needs {need} blocks and "
                                  f"{max(snap['num_free_blocks'] - reserved, 0)} are free; "
@@ -189,16 +194,19 @@ class AsyncEngine:
                 self._wake.clear()
                 await self._wake.wait()
             adds, self._pending_adds = self._pending_adds, []
+            self._adding = adds
             aborts, self._pending_aborts = self._pending_aborts, set()
             try:
                 outputs, rejected, self.snapshot = await loop.run_in_executor(
                     self._executor, self._work, adds, aborts)
-            except Exception:  # an engine bug: fail every request, keep the server up
+            except Exception:
+                self._adding = []  # an engine bug: fail every request, keep the server up
                 log.exception("engine step failed; failing all in-flight requests")
                 for stream in list(self.streams.values()):
                     self._fail(stream, internal_error())
                     self._pending_aborts.add(stream.request_id)
                 continue
+            self._adding = []
             for stream, error in rejected:
                 self._fail(stream, error)
             now = time.perf_counter()

@@ -102,6 +102,15 @@ class ThreadedServer:
                 raise RuntimeError(f"the server on port {self.port} did not start")
             time.sleep(0.02)
 
+    def drain(self, timeout_s: float) -> int:
+        """What SIGTERM does to `python -m minillm serve`: stop admitting, let in-flight
+        requests run up to timeout_s, abort the rest (returns how many), then stop."""
+        aengine = self.app.state.engine
+        future = asyncio.run_coroutine_threadsafe(aengine.drain(timeout_s), aengine.loop)
+        aborted = future.result(timeout_s + 30)
+        self.stop()
+        return aborted
+
     def stop(self) -> None:
         self.server.should_exit = True
         self._thread.join(30)
