@@ -6,6 +6,7 @@
     check.allreduce_seconds(fn)      # (message_bytes, num_gpus, quoted_link_bytes_per_s) -> s
     check.replicas_needed(fn)        # (rate, e2e_s, batch, seconds_per_request, max_util) -> int
     check.claim_verdicts(fn)         # () -> {claim id: True (right) / False (wrong)}
+    check.capstone_deployment(fn, capstone)  # () -> a Deployment within the KL budget
 
 Oracles: ``minillm.calc`` (``cost_per_million_tokens``, ``kv_cache_bytes``,
 ``spec_expected_tokens``, ``allreduce_time_s`` at half the quoted link bandwidth,
@@ -22,7 +23,7 @@ import numbers
 from .core import Case, _Difference, register
 
 __all__ = ["dollars_per_million", "kv_cache_gb", "tokens_per_pass", "allreduce_seconds",
-           "replicas_needed", "claim_verdicts"]
+           "replicas_needed", "claim_verdicts", "capstone_deployment"]
 
 
 def _number(yours, what: str) -> float:
@@ -209,3 +210,24 @@ def claim_verdicts(case: Case, fn) -> None:
                  + (f" ({c.lesson})" if c.lesson and not c.is_true() else "") for c in wrong]
         raise _Difference(f"{len(wrong)} of {len(ids)} verdicts disagree with calc:\n  "
                           + "\n  ".join(lines))
+
+
+# --------------------------------------------------------------------------- the capstone
+
+
+@register(cases=1, success="a deployment within the quality budget")
+def capstone_deployment(case: Case, fn, capstone) -> None:
+    """Your my_deployment() -> widgets.deploy_runs.Deployment: valid, not the defaults, and
+    with weights whose KL to fp32 stays within the capstone's budget."""
+    from widgets.deploy_runs import Deployment
+
+    got = case.call(fn)
+    case.expect(isinstance(got, Deployment), f"return a Deployment(...), got {type(got).__name__}. "
+                                             f"For example Deployment(weights='fp32', max_num_seqs=16).")
+    case.expect(got != Deployment(), "that is the defaults: change at least one choice (weights, "
+                                     "spec_k, max_num_seqs, max_num_batched_tokens, "
+                                     "enable_prefix_caching) and measure whether it helps.")
+    kl = capstone.kl(got.weights)
+    case.expect(kl <= capstone.kl_budget,
+                f"{got.weights} weights are {kl:.4f} nats of KL from fp32 per token, over the budget of "
+                f"{capstone.kl_budget}: quality is part of the job. Use more bits.")
