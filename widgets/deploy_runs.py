@@ -87,8 +87,8 @@ def capstone_requests(vocab_size: int, num_requests: int | None = None, max_outp
     """(prompt ids, output length) of the capstone workload (see the module docstring)."""
     from widgets.batching_sim import WORKLOAD
 
-    n = num_requests or (8 if QUICK else 16)
-    cap = max_output or (16 if QUICK else 32)
+    n = num_requests or (6 if QUICK else 16)
+    cap = max_output or (8 if QUICK else 32)
     reqs = json.loads(WORKLOAD.read_text())["requests"][:n]
     g = torch.Generator().manual_seed(seed)
     system = torch.randint(3, vocab_size, (system_tokens,), generator=g).tolist()

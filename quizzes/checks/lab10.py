@@ -190,7 +190,8 @@ def replicas_needed(case: Case, fn) -> None:
 @register(cases=1, success="every verdict agrees with calc")
 def claim_verdicts(case: Case, fn) -> None:
     """Your claim_verdicts() -> {claim id: True if the claim is right, False if wrong}, one
-    entry per claim of quizzes.claims.CLAIMS."""
+    entry per claim of quizzes.claims.CLAIMS. Prints every claim with its computed value,
+    your verdict and calc's, then names the verdicts that disagree."""
     from quizzes import claims
 
     got = case.call(fn)
@@ -204,6 +205,7 @@ def claim_verdicts(case: Case, fn) -> None:
                              f"for each.")
     bad = [f"{c.id}={got[c.id]!r}" for c in claims.CLAIMS if not isinstance(got[c.id], bool)]
     case.expect(not bad, f"verdicts must be True or False; got {', '.join(bad)}.")
+    claims.report(got)  # every claim: the computed value, your verdict, calc's
     wrong = [c for c in claims.CLAIMS if got[c.id] != c.is_true()]
     if wrong:
         lines = [f"{c.id}: you say {'right' if got[c.id] else 'wrong'}; {claims.shown(c)}"
