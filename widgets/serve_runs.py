@@ -327,7 +327,7 @@ def draw_load_curve(rates, p99s, service_rate: float, base_s: float, threshold_s
             transform=ax.get_xaxis_transform())
     ax.axhline(threshold_s, color=COLORS["kv"], ls="--", lw=1, label="knee threshold")
     ax.axvline(knee, color=COLORS["kv"], lw=1)
-    ax.text(knee, 0.88, f" knee {knee:.2f} req/s", color=COLORS["kv"], fontsize=8, va="top",
+    ax.text(knee, 0.6, f" knee {knee:.2f} req/s", color=COLORS["kv"], fontsize=8, va="top",
             transform=ax.get_xaxis_transform())
     top = max(max(p99s), threshold_s) * 1.3
     ax.set_ylim(0, top)
