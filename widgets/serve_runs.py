@@ -86,7 +86,7 @@ def stream_completion(url: str, prompt, *, max_tokens: int = 32, chat: bool = Tr
     else:
         body["prompt"] = prompt
     path = "/v1/chat/completions" if chat else "/v1/completions"
-    pieces, lines, usage, reason = [], [], None, None
+    pieces, lines, usage, reason, event_lines = [], [], None, None, []
     t0 = time.perf_counter()
     with httpx.stream("POST", _url(url) + path, json=body, timeout=timeout_s) as r:
         if r.status_code != 200:
@@ -94,7 +94,11 @@ def stream_completion(url: str, prompt, *, max_tokens: int = 32, chat: bool = Tr
         for line in r.iter_lines():
             now = time.perf_counter() - t0
             lines.append(line)
-            for event in iter_events([line, ""]) if line.startswith("data:") else ():
+            event_lines.append(line)
+            if line:
+                continue
+            events, event_lines = list(iter_events(event_lines)), []  # an event ends at a blank line
+            for event in events:
                 if event == "[DONE]":
                     continue
                 for choice in event.get("choices", []):
