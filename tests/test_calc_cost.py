@@ -114,10 +114,13 @@ def test_batching_does_not_shorten_a_request():
     assert lat == sorted(lat)  # a bigger batch makes every step, so every request, longer
 
 
-def test_replicas_by_littles_law():
-    assert calc.replicas_for_rate(100, 4.2, 64) == 7
-    assert calc.replicas_for_rate(100, 4.0, 100) == 4
-    assert calc.replicas_for_rate(1, 0.1, 8) == 1
+def test_the_design_s_in_flight_bound_is_littles_law():
+    # design_deployment's first bound is calc.replicas_needed (Lab 09) at full slots.
+    step = calc.StepModel(0.017, 0.0001)
+    for rate, b in ((100, 64), (3, 8), (500, 256)):
+        d = calc.design_deployment(rate, 500, 200, step, b, max_utilization=1.0)
+        assert d.replicas >= calc.replicas_needed(rate, d.e2e_s, b)
+        assert d.replicas * b >= d.in_flight
 
 
 def test_the_syllabus_design_70b_at_100_requests_per_s():

@@ -156,3 +156,36 @@ def test_short_soak_no_5xx_no_leaks(smollm):
         assert_no_leaked_blocks(engine)
     finally:
         srv.stop()
+
+
+def test_internal_errors_are_500_without_a_traceback_and_the_server_recovers(smollm, monkeypatch):
+    import minillm.serve.app as app_module
+    srv, engine = start_server(smollm, max_num_seqs=2)
+    try:
+        real_step, failures = engine.step, [1]
+
+        def failing_step():  # one engine step fails, as an engine bug would
+            if failures:
+                failures.pop()
+                raise RuntimeError("secret engine internals")
+            return real_step()
+        engine.step = failing_step
+        r = completion(srv.url, "Hello", 4)
+        assert r.status_code == 500
+        assert r.json()["error"]["type"] == "server_error"
+        assert "secret" not in r.text and "Traceback" not in r.text
+        ok = completion(srv.url, "Hello", 4)  # the engine goes on
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+
+        def broken(*args, **kw):
+            raise KeyError("secret route internals")
+        monkeypatch.setattr(app_module, "parse_request", broken)
+        r = completion(srv.url, "Hello", 4)
+        assert r.status_code == 500 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+        assert "secret" not in r.text and "Traceback" not in r.text
+        monkeypatch.undo()
+        assert httpx.get(srv.url + "/health", timeout=60).status_code == 200
+        wait_idle(srv.url)
+        assert_no_leaked_blocks(engine)
+    finally:
+        srv.stop()

@@ -180,3 +180,11 @@ def test_load_result_percentiles_match_numpy():
     json.dumps(r.to_dict())  # serialisable
     with pytest.raises(ValueError):
         r.percentile("latency", 50)
+
+
+def test_loadgen_command_refuses_a_remote_url_and_needs_a_rate(capsys):
+    from minillm.__main__ import main
+    assert main(["loadgen", "--url", "http://example.com:8000", "--rate", "1",
+                 "--duration", "1"]) == 2
+    assert "only targets loopback" in capsys.readouterr().err
+    assert main(["loadgen", "--url", "http://127.0.0.1:9", "--duration", "1"]) == 2

@@ -23,7 +23,8 @@ One module per topic; every name is re-exported here, so ``calc.kv_cache_bytes(.
     speculative.py   expected tokens, speedup and best k of speculative decoding
     parallel.py      ring all-reduce, tensor-parallel all-reduces, pipeline bubble
     quantization.py  group-quantized weight bytes, symmetric quantization
-    serving.py       utilization, M/M/1 latency, Little's law, end-to-end latency
+    serving.py       utilization, M/M/1 latency, Little's law, end-to-end latency, percentiles,
+                     replicas, KV transfer, LoRA adapter bytes, KV fragmentation
     cost.py          $ per million tokens, break-even against an API, GPUs for a load
     capacity.py      a replica's memory budget, the step-time model, deployment design
     _common.py       units, ``DTYPE_BYTES`` and the argument checks they all share
@@ -36,8 +37,7 @@ from .attention import attention_intensity, attention_kind, attention_matrix_byt
 from .batching import (continuous_batch_ideal_throughput, static_batch_throughput,
                        static_batch_utilization, static_batch_wasted_steps)
 from .capacity import (Design, MemoryBudget, StepModel, activation_bytes, design_deployment,
-                       memory_budget, replica_seconds_per_request, replicas_for_rate,
-                       request_latency_s)
+                       memory_budget, replica_seconds_per_request, request_latency_s)
 from .cost import (HOURS_PER_MONTH, break_even_tokens_per_month, break_even_utilization,
                    cost_per_million_tokens, gpu_dollars_per_month, gpus_for_load,
                    tokens_per_month)
@@ -46,7 +46,9 @@ from .memory import (kv_cache_bytes, kv_cache_bytes_per_token, max_concurrent_se
 from .parallel import (allreduce_time_s, pp_bubble_fraction, ring_allreduce_bytes,
                        tp_allreduces_per_layer)
 from .quantization import quantized_weight_bytes, symmetric_quantize
-from .serving import e2e_latency_s, littles_law_L, mm1_mean_latency, utilization
+from .serving import (e2e_latency_s, kv_fragmentation, kv_transfer_time_s, littles_law_L,
+                      lora_adapter_bytes, mm1_latency_percentile, mm1_mean_latency, percentile,
+                      queueing_latency_s, replicas_needed, utilization)
 from .speculative import (spec_acceptance_probability, spec_expected_tokens,
                           spec_expected_tokens_naive, spec_optimal_k, spec_speedup)
 from .speed import (batched_decode_tokens_per_s, decode_flops, decode_step_time_s,
@@ -67,9 +69,11 @@ __all__ = [
     "spec_acceptance_probability",
     "ring_allreduce_bytes", "allreduce_time_s", "tp_allreduces_per_layer", "pp_bubble_fraction",
     "quantized_weight_bytes", "symmetric_quantize",
-    "utilization", "mm1_mean_latency", "littles_law_L", "e2e_latency_s",
+    "utilization", "mm1_mean_latency", "littles_law_L", "e2e_latency_s", "percentile",
+    "mm1_latency_percentile", "queueing_latency_s", "replicas_needed", "kv_transfer_time_s",
+    "lora_adapter_bytes", "kv_fragmentation",
     "cost_per_million_tokens", "break_even_tokens_per_month", "break_even_utilization",
     "gpu_dollars_per_month", "tokens_per_month", "gpus_for_load",
     "activation_bytes", "MemoryBudget", "memory_budget", "StepModel", "request_latency_s",
-    "replica_seconds_per_request", "replicas_for_rate", "Design", "design_deployment",
+    "replica_seconds_per_request", "Design", "design_deployment",
 ]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ._common import _int, _probability, _real
 from .cost import cost_per_million_tokens
 from .memory import kv_cache_bytes, max_concurrent_sequences, weight_bytes
-from .serving import e2e_latency_s, littles_law_L
+from .serving import e2e_latency_s, littles_law_L, replicas_needed
 
 
 # --------------------------------------------------------------------------- memory budget
@@ -142,15 +142,6 @@ def replica_seconds_per_request(step: StepModel, prompt_tokens, output_tokens, b
     return tokens * step.per_token_s + output_tokens * step.base_s / _int("batch_size", batch_size)
 
 
-def replicas_for_rate(arrival_rate, latency_s, concurrency_per_replica) -> int:
-    """Replicas needed to hold the requests in flight (Little's law): ``ceil(λ · W ÷ C)``.
-
-    100 req/s that each take 4.2 s keep 420 requests in the system; at 64 per replica, 7.
-    """
-    in_flight = littles_law_L(arrival_rate, latency_s)
-    return max(1, math.ceil(in_flight / _int("concurrency_per_replica", concurrency_per_replica) * (1 - 1e-12)))
-
-
 # --------------------------------------------------------------------------- design
 
 
@@ -178,8 +169,8 @@ def design_deployment(arrival_rate, prompt_tokens, output_tokens, step: StepMode
                       *, gpus_per_replica=1, dollars_per_gpu_hour=1.0,
                       max_utilization=0.8) -> Design:
     """Size a deployment: enough replicas to hold ``λ · e2e`` requests in flight at
-    ``batch_size`` each (``replicas_for_rate``) AND to keep each replica's utilization
-    ``ρ = λ_replica · replica_seconds_per_request`` at or below ``max_utilization``
+    ``batch_size`` each (``replicas_needed``, Little's law) AND to keep each replica's
+    utilization ``ρ = λ_replica · replica_seconds_per_request`` at or below ``max_utilization``
     (the headroom that keeps queueing, hence TTFT, short).
 
     Llama-2-70B on 4 A100s per replica (17.2 ms + 0.112 ms/token), 100 req/s of 500 tokens
@@ -190,7 +181,7 @@ def design_deployment(arrival_rate, prompt_tokens, output_tokens, step: StepMode
     rho_max = _probability("max_utilization", max_utilization, allow_zero=False)
     e2e = request_latency_s(step, prompt_tokens, output_tokens, b)
     work = replica_seconds_per_request(step, prompt_tokens, output_tokens, b)
-    replicas = max(replicas_for_rate(lam, e2e, b), math.ceil(lam * work / rho_max * (1 - 1e-12)))
+    replicas = max(replicas_needed(lam, e2e, b), math.ceil(lam * work / rho_max * (1 - 1e-12)))
     per_hour = replicas * _int("gpus_per_replica", gpus_per_replica) * _real("dollars_per_gpu_hour", dollars_per_gpu_hour)
     return Design(b, replicas, gpus_per_replica, step.step_s(b), e2e, littles_law_L(lam, e2e),
                   lam * work / replicas, per_hour,

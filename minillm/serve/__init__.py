@@ -13,9 +13,9 @@ from . import loadgen, metrics, sse
 from .app import create_app
 from .config import MODEL_NAME, ServeConfig
 from .errors import APIError
-from .loadgen import LoadResult, run_load, sweep
+from .loadgen import LoadResult, measure_capacity, run_load, sweep
 from .process import ServerProcess
 from .server import ThreadedServer
 
 __all__ = ["APIError", "LoadResult", "MODEL_NAME", "ServeConfig", "ServerProcess", "ThreadedServer",
-           "create_app", "loadgen", "metrics", "run_load", "sse", "sweep"]
+           "create_app", "loadgen", "measure_capacity", "metrics", "run_load", "sse", "sweep"]

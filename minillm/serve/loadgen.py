@@ -127,8 +127,24 @@ def run_load(url: str, rate: float, duration_s: float, *, prompts=None, max_toke
         jobs = [(p, 32) for p in prompts]
     if max_tokens is not None:
         jobs = [(p, max_tokens) for p, _ in jobs]
-    coro = _run(url, float(rate), float(duration_s), jobs, seed, stream, timeout_s)
-    return _run_coroutine(coro)
+    rng = np.random.default_rng(seed)
+    arrivals, t = [], rng.exponential(1 / rate)
+    while t < duration_s:  # a Poisson process: exponential gaps
+        arrivals.append(float(t))
+        t += rng.exponential(1 / rate)
+    result = LoadResult(float(rate), float(duration_s))
+    return _run_coroutine(_run(url, arrivals, jobs, stream, timeout_s, result))
+
+
+def measure_capacity(url: str, num_requests: int = 32, max_tokens: int = 32, *,
+                     prompts=None, seed: int = 0, timeout_s: float = 600.0) -> LoadResult:
+    """The server's service rate: `num_requests` requests (the workload's prompts, or
+    `prompts`) sent all at once (a full batch and a queue behind it);
+    `result.throughput_req_s` is completed requests per second, the mu of queueing models."""
+    url = check_loopback(url)
+    jobs = [(p, max_tokens) for p in (prompts or [p for p, _ in workload_prompts(seed=seed)])]
+    result = LoadResult(math.inf, 0.0)
+    return _run_coroutine(_run(url, [0.0] * num_requests, jobs, True, timeout_s, result))
 
 
 def sweep(url: str, rates, duration_s: float, **kw) -> list[LoadResult]:
@@ -157,18 +173,15 @@ def _run_coroutine(coro):
     return box["value"]
 
 
-async def _run(url, rate, duration_s, jobs, seed, stream, timeout_s) -> LoadResult:
-    rng = np.random.default_rng(seed)
-    result = LoadResult(rate, duration_s)
+async def _run(url, arrivals, jobs, stream, timeout_s, result: LoadResult) -> LoadResult:
+    """Send jobs (cycled) at the given arrival times (seconds from now); wait for them."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
         tasks, start = [], time.perf_counter()
-        t_next = rng.exponential(1 / rate)
-        while t_next < duration_s:
-            await asyncio.sleep(max(0.0, start + t_next - time.perf_counter()))
-            prompt, mt = jobs[len(tasks) % len(jobs)]
+        for i, t in enumerate(arrivals):
+            await asyncio.sleep(max(0.0, start + t - time.perf_counter()))
+            prompt, mt = jobs[i % len(jobs)]
             tasks.append(asyncio.create_task(_one(client, url, prompt, mt, stream, result)))
-            t_next += rng.exponential(1 / rate)
         result.num_requests = len(tasks)
         if tasks:
             done, pending = await asyncio.wait(tasks, timeout=timeout_s)

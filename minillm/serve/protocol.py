@@ -125,9 +125,12 @@ def parse_request(kind: str, body: dict, tokenizer, model_name: str, max_model_l
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise _type_error("user", "a string", user)
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature,
-                            top_p=None if top_p == 1.0 else top_p, top_k=top_k, seed=seed,
-                            ignore_eos=_bool(body, "ignore_eos", False), n=n)
+    try:  # everything is checked above; SamplingParams checks again, as a 400 too
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature,
+                                top_p=None if top_p == 1.0 else top_p, top_k=top_k, seed=seed,
+                                ignore_eos=_bool(body, "ignore_eos", False), n=n)
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
     return GenerationRequest(kind, prompt_ids, params, _stop(body.get("stop")), stream,
                              include_usage, _bool(body, "return_token_ids", False))
 

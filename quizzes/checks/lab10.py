@@ -10,7 +10,7 @@
 
 Oracles: ``minillm.calc`` (``cost_per_million_tokens``, ``kv_cache_bytes``,
 ``spec_expected_tokens``, ``allreduce_time_s`` at half the quoted link bandwidth,
-``replicas_for_rate`` with the utilization bound of ``design_deployment``) and
+``replicas_needed`` (Little's law) with the utilization bound of ``design_deployment``) and
 ``quizzes.claims.truth()``. Inputs are random (never round numbers), and each named slip is
 computed on the same inputs: a slip is named only when it reproduces the student's value and
 the right answer does not.
