@@ -1,4 +1,5 @@
 """The serving benchmark's workload: 64 requests, written to benchmarks/workload.json.
+The generator lives in `minillm.serve.workload` (the load generator uses it too).
 
 Seeded (numpy default_rng(0)): prompt lengths uniform in [16, 256], then output lengths
 uniform in [16, 256], then the prompt tokens. Prompts are random token ids drawn uniformly
@@ -17,29 +18,10 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from minillm.serve.workload import FIRST_ID, VOCAB_SIZE, make_workload  # noqa: E402,F401
 
 PATH = Path(__file__).with_name("workload.json")
-VOCAB_SIZE, FIRST_ID = 49152, 3
-
-
-def make_workload(num_requests: int = 64, prompt_range=(16, 256), output_range=(16, 256),
-                  seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    prompt_lens = rng.integers(prompt_range[0], prompt_range[1] + 1, num_requests)
-    output_lens = rng.integers(output_range[0], output_range[1] + 1, num_requests)
-    requests = [{"prompt_ids": rng.integers(FIRST_ID, VOCAB_SIZE, int(p)).tolist(),
-                 "max_tokens": int(o)} for p, o in zip(prompt_lens, output_lens)]
-    return {
-        "description": (f"{num_requests} requests, prompts uniform in {list(prompt_range)} "
-                        f"random token ids from [{FIRST_ID}, {VOCAB_SIZE}), outputs uniform "
-                        f"in {list(output_range)}, greedy, ignore EOS; numpy default_rng"
-                        f"({seed})"),
-        "seed": seed,
-        "num_prompt_tokens": int(prompt_lens.sum()),
-        "num_output_tokens": int(output_lens.sum()),
-        "requests": requests,
-    }
 
 
 def main(argv=None) -> int:

@@ -1,4 +1,5 @@
-"""Command line: `python -m minillm generate "prompt"` and `python -m minillm info`.
+"""Command line: `python -m minillm generate "prompt"`, `info`, `serve` (the OpenAI-style
+server, `minillm.serve`) and `loadgen` (Poisson load against a local server).
 
 Tensor parallel: `torchrun --nproc-per-node N -m minillm generate --tp N "prompt"` prints the
 same text from rank 0 (the other ranks print nothing). `--tp` is checked against the model's
@@ -59,7 +60,94 @@ def build_parser() -> argparse.ArgumentParser:
                      help="tensor-parallel size; N > 1 runs under torchrun --nproc-per-node N")
     info = sub.add_parser("info", help="model config, sizes and this machine's ceilings")
     info.add_argument("--refresh", action="store_true", help="re-measure this machine")
+    _add_serve_parsers(sub)
     return parser
+
+
+def _positive_float(name):
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {value}")
+        return value
+    return parse
+
+
+def _rates(text):
+    return [_positive_float("--sweep rate")(r) for r in text.split(",") if r.strip()]
+
+
+def _add_serve_parsers(sub) -> None:
+    from .serve.config import ServeConfig
+    d = ServeConfig()
+    srv = sub.add_parser("serve", help="the OpenAI-compatible HTTP server (minillm.serve)")
+    srv.add_argument("--host", default=d.host, help="address to bind (default: loopback)")
+    srv.add_argument("--port", type=int, default=d.port)
+    srv.add_argument("--max-num-seqs", type=_positive_int, default=d.max_num_seqs)
+    srv.add_argument("--max-queue-len", type=_positive_int, default=d.max_queue_len,
+                     help="waiting requests past which new ones get 503")
+    srv.add_argument("--num-blocks", type=_positive_int, default=None,
+                     help="KV blocks in the pool (default: sized from memory)")
+    srv.add_argument("--block-size", type=_positive_int, default=d.block_size)
+    srv.add_argument("--max-num-batched-tokens", type=_positive_int,
+                     default=d.max_num_batched_tokens)
+    srv.add_argument("--drain-timeout", type=_positive_float("--drain-timeout"),
+                     default=d.drain_timeout_s, help="SIGTERM: seconds to finish in-flight work")
+    srv.add_argument("--health-timeout", type=_positive_float("--health-timeout"),
+                     default=d.health_timeout_s)
+    srv.add_argument("--default-max-tokens", type=_positive_int, default=d.default_max_tokens)
+    srv.add_argument("--max-n", type=_positive_int, default=d.max_n)
+    srv.add_argument("--retry-after", type=_positive_int, default=d.retry_after_s)
+    srv.add_argument("--log-level", default="info",
+                     choices=["critical", "error", "warning", "info", "debug"])
+    lg = sub.add_parser("loadgen", help="Poisson load against a local server; latency percentiles")
+    lg.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    lg.add_argument("--rate", type=_positive_float("--rate"), help="requests per second")
+    lg.add_argument("--duration", type=_positive_float("--duration"), required=True,
+                    help="seconds of arrivals (per rate)")
+    lg.add_argument("--sweep", type=_rates, default=None,
+                    help="comma-separated rates: run each and draw p99 against rate")
+    lg.add_argument("--max-tokens", type=_positive_int, default=None,
+                    help="tokens per request (default: the workload's own lengths)")
+    lg.add_argument("--no-stream", action="store_true")
+    lg.add_argument("--seed", type=int, default=0)
+    lg.add_argument("--timeout", type=_positive_float("--timeout"), default=120.0)
+    lg.add_argument("--json", default=None, help="write the results to this file")
+
+
+def cmd_serve(args) -> int:
+    from .serve.config import ServeConfig
+    from .serve.server import serve
+    config = ServeConfig(host=args.host, port=args.port, max_num_seqs=args.max_num_seqs,
+                         max_queue_len=args.max_queue_len, num_blocks=args.num_blocks,
+                         block_size=args.block_size,
+                         max_num_batched_tokens=args.max_num_batched_tokens,
+                         drain_timeout_s=args.drain_timeout, health_timeout_s=args.health_timeout,
+                         default_max_tokens=args.default_max_tokens, max_n=args.max_n,
+                         retry_after_s=args.retry_after)
+    return serve(config, log_level=args.log_level)
+
+
+def cmd_loadgen(args) -> int:
+    import json
+    from .serve import loadgen
+    if (args.rate is None) == (args.sweep is None):
+        raise ValueError("give exactly one of --rate R or --sweep R1,R2,...")
+    kw = dict(max_tokens=args.max_tokens, seed=args.seed, stream=not args.no_stream,
+              timeout_s=args.timeout)
+    results = []
+    for rate in args.sweep or [args.rate]:
+        results.append(loadgen.run_load(args.url, rate, args.duration, **kw))
+        print(results[-1].summary(), flush=True)
+    if args.sweep:
+        print(loadgen.ascii_curve(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([r.to_dict() for r in results], f, indent=1)
+    return 0
 
 
 def _dtype(name, device):
@@ -163,7 +251,8 @@ def cmd_info(args) -> int:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "info": cmd_info}[args.command](args)
+        return {"generate": cmd_generate, "info": cmd_info, "serve": cmd_serve,
+                "loadgen": cmd_loadgen}[args.command](args)
     except (ValueError, FileNotFoundError) as exc:
         import os
         if os.environ.get("RANK", "0") == "0":  # under torchrun: one message, from rank 0

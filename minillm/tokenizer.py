@@ -21,6 +21,20 @@ _SPECIAL_TOKEN_TYPES = (3, 4)
 DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (byte-level BPE's alphabet)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
+            *range(ord("\xae"), ord("\xff") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
 class MiniTokenizer:
     """encode/decode plus the ChatML chat template the model was trained with."""
 
@@ -74,6 +88,17 @@ class MiniTokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._tk.token_to_id(token)
+
+    def token_bytes(self) -> list[bytes]:
+        """The UTF-8 bytes each token id stands for (a special token: its own text).
+        A token may hold part of a character: decoding must join bytes, not strings."""
+        byte_of = {c: b for b, c in _bytes_to_unicode().items()}
+        special = set(self.special_tokens.values())
+        out = []
+        for i in range(self.vocab_size):
+            token = self._tk.id_to_token(i)
+            out.append(token.encode() if i in special else bytes(byte_of[c] for c in token))
+        return out
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
                             tokenize: bool = True):

@@ -23,9 +23,12 @@ One module per topic; every name is re-exported here, so ``calc.kv_cache_bytes(.
     batching.py      static batch waste, continuous batching's ideal throughput
     speculative.py   expected tokens, speedup and best k of speculative decoding
     parallel.py      ring all-reduce; TP head rule, traffic, memory and step time; bubble
+    timeline.py      per-rank timeline of TP/PP (compute, all-reduce, bubble), Lab 08's widget
     quantization.py  group-quantized weight bytes, int8 KV-cache bytes, symmetric quantization
-    serving.py       utilization, M/M/1 latency, Little's law, end-to-end latency
-    cost.py          $ per million tokens, break-even against an API
+    serving.py       utilization, M/M/1 latency, Little's law, end-to-end latency, percentiles,
+                     replicas, KV transfer, LoRA adapter bytes, KV fragmentation
+    cost.py          $ per million tokens, break-even against an API, GPUs for a load
+    capacity.py      a replica's memory budget, the step-time model, deployment design
     _common.py       units, ``DTYPE_BYTES`` and the argument checks they all share
 """
 
@@ -36,7 +39,11 @@ from .attention import (attention_intensity, attention_kind, attention_matrix_by
                         rope_max_wavelength, rope_ntk_theta, sliding_window_kv_tokens)
 from .batching import (continuous_batch_ideal_throughput, static_batch_throughput,
                        static_batch_utilization, static_batch_wasted_steps)
-from .cost import HOURS_PER_MONTH, break_even_tokens_per_month, cost_per_million_tokens
+from .capacity import (Design, MemoryBudget, StepModel, activation_bytes, design_deployment,
+                       memory_budget, replica_seconds_per_request, request_latency_s)
+from .cost import (HOURS_PER_MONTH, break_even_tokens_per_month, break_even_utilization,
+                   cost_per_million_tokens, gpu_dollars_per_month, gpus_for_load,
+                   tokens_per_month)
 from .memory import (kv_cache_bytes, kv_cache_bytes_per_token, max_concurrent_sequences,
                      memory_per_gpu, weight_bytes)
 from .parallel import (NVLINK_H100_BYTES_PER_S, PCIE_GEN5_BYTES_PER_S, allreduce_time_s,
@@ -45,7 +52,9 @@ from .parallel import (NVLINK_H100_BYTES_PER_S, PCIE_GEN5_BYTES_PER_S, allreduce
                        tp_kv_replicas, tp_logits_gather_bytes, tp_param_bytes_per_rank,
                        tp_shard_size, tp_size_problem, tp_step_time_s, tp_valid_sizes)
 from .quantization import kv_cache_int8_bytes, quantized_weight_bytes, symmetric_quantize
-from .serving import e2e_latency_s, littles_law_L, mm1_mean_latency, utilization
+from .serving import (e2e_latency_s, kv_fragmentation, kv_transfer_time_s, littles_law_L,
+                      lora_adapter_bytes, mm1_latency_percentile, mm1_mean_latency, percentile,
+                      queueing_latency_s, replicas_needed, utilization)
 from .speculative import (spec_acceptance_probability, spec_expected_tokens,
                           spec_expected_tokens_naive, spec_optimal_k, spec_speedup)
 from .speed import (batched_decode_tokens_per_s, decode_flops, decode_step_time_s,
@@ -70,6 +79,11 @@ __all__ = [
     "tp_kv_heads_per_rank", "tp_kv_replicas", "tp_shard_size", "tp_allreduce_count",
     "tp_allreduce_bytes", "tp_logits_gather_bytes", "tp_param_bytes_per_rank", "tp_step_time_s",
     "quantized_weight_bytes", "symmetric_quantize", "kv_cache_int8_bytes",
-    "utilization", "mm1_mean_latency", "littles_law_L", "e2e_latency_s",
-    "cost_per_million_tokens", "break_even_tokens_per_month",
+    "utilization", "mm1_mean_latency", "littles_law_L", "e2e_latency_s", "percentile",
+    "mm1_latency_percentile", "queueing_latency_s", "replicas_needed", "kv_transfer_time_s",
+    "lora_adapter_bytes", "kv_fragmentation",
+    "cost_per_million_tokens", "break_even_tokens_per_month", "break_even_utilization",
+    "gpu_dollars_per_month", "tokens_per_month", "gpus_for_load",
+    "activation_bytes", "MemoryBudget", "memory_budget", "StepModel", "request_latency_s",
+    "replica_seconds_per_request", "Design", "design_deployment",
 ]

@@ -1,0 +1,78 @@
+"""ServeConfig: every option of the HTTP server, in one frozen dataclass, checked once.
+
+The engine options (`max_num_seqs`, `num_blocks`, `max_num_batched_tokens`, `block_size`)
+are passed through to `EngineConfig`; the others belong to the HTTP layer: where to listen,
+how many requests may wait before the server sheds load, how long a SIGTERM drain may take,
+how long `/health` waits for its one-token generation.
+"""
+from __future__ import annotations
+
+import ipaddress
+import math
+from dataclasses import dataclass, fields
+
+MODEL_NAME = "smollm2-135m-instruct"
+MAX_BODY_BYTES = 1 << 20  # 1 MiB
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_num_seqs: int = 16                  # engine: sequences per step
+    max_queue_len: int = 64                 # waiting requests before new ones get 503
+    num_blocks: int | None = None           # engine: KV blocks (None: sized from memory)
+    block_size: int = 16
+    max_num_batched_tokens: int = 512
+    drain_timeout_s: float = 30.0           # SIGTERM: how long in-flight requests may run on
+    health_timeout_s: float = 30.0          # GET /health: the one-token generation's deadline
+    default_max_tokens: int = 256           # chat completions without max_tokens
+    max_n: int = 8                          # the largest `n` a request may ask for
+    retry_after_s: int = 1                  # the Retry-After header of a 503
+    model_name: str = MODEL_NAME
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "max_queue_len", "block_size", "max_num_batched_tokens",
+                     "default_max_tokens", "max_n", "retry_after_s"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("port", self.port, 0, 65535)
+        if self.num_blocks is not None:
+            _check_int("num_blocks", self.num_blocks, 1)
+        for name in ("drain_timeout_s", "health_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"ServeConfig.{name} must be a number of seconds > 0, "
+                                 f"got {value!r}")
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError(f"ServeConfig.host must be a host name or address, got {self.host!r}")
+        if not isinstance(self.model_name, str) or not self.model_name:
+            raise ValueError(f"ServeConfig.model_name must be a non-empty str, "
+                             f"got {self.model_name!r}")
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def engine_options(self) -> dict:
+        """The EngineConfig options this config carries."""
+        return {"max_num_seqs": self.max_num_seqs, "num_blocks": self.num_blocks,
+                "block_size": self.block_size,
+                "max_num_batched_tokens": self.max_num_batched_tokens}
+
+
+def _check_int(name: str, value, lo: int, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo \
+            or (hi is not None and value > hi):
+        allowed = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ValueError(f"ServeConfig.{name} must be an int {allowed}, got {value!r}")
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and any loopback address (127.0.0.0/8, ::1)."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,144 @@
+"""Lab 10 quiz: cost, capacity and design, then a review of the course.
+
+q1 reads the throughput the lab measured on this machine (``quizzes.record(smollm_tok_s=...)``
+in the notebook); every other answer comes from ``minillm.calc`` (imported in the answer
+functions). q6-q15 are the ten review questions of the syllabus (section 10), one per lab
+or two, each answered with a formula of ``calc``.
+"""
+
+from quizzes.questions import Choice, Numeric, Option
+
+TITLE = "Lab 10: from a model to a deployment"
+
+#: What this machine is taken to rent for in q1: a 2-vCPU cloud VM, on demand (indicative).
+MACHINE_DOLLARS_PER_HOUR = 0.10
+
+
+def _calc(name, *args, scale=1.0, **kwargs):
+    def answer() -> float:
+        from minillm import calc
+
+        return getattr(calc, name)(*args, **kwargs) * scale
+
+    return answer
+
+
+def _machine_cost(m) -> float:
+    from minillm import calc
+
+    return calc.cost_per_million_tokens(MACHINE_DOLLARS_PER_HOUR, m["smollm_tok_s"])
+
+
+def _design_gpus() -> float:
+    from minillm import calc, hardware
+
+    a100 = hardware.get("A100-80GB")
+    step = calc.StepModel.from_roofline(70e9, 2, a100.bandwidth_bytes_per_s, a100.bf16_flops, num_gpus=4)
+    return calc.design_deployment(100, 500, 200, step, 256, gpus_per_replica=4,
+                                  dollars_per_gpu_hour=a100.price_per_hour).num_gpus
+
+
+def _two_a100_requests() -> float:
+    from minillm import calc
+
+    return calc.memory_budget(70e9, 80, 8, 128, 4096, 80e9, num_gpus=2).max_concurrent
+
+
+QUESTIONS = [
+    Numeric("q1", f"**Measured.** Say this machine rents for ${MACHINE_DOLLARS_PER_HOUR:.2f} an hour "
+                  f"(a small cloud VM). From the throughput the engine reached on the benchmark "
+                  f"workload in section 1, what do 1M generated tokens cost at full utilization? "
+                  f"Work it out with the formula of section 1; it is marked against the throughput "
+                  f"this notebook measured, within 20%.",
+            answer=_machine_cost, unit="$", rtol=0.2, needs=("smollm_tok_s",),
+            example_measured={"smollm_tok_s": 150.0},
+            explanation="$/h ÷ (tok/s × 3600) × 1e6. At 150 tok/s that is $0.185; an A100 serving "
+                        "SmolLM2 would be far cheaper per token, because it is 20 times pricier but "
+                        "hundreds of times faster."),
+    Numeric("q2", "One A100 rents for $2.50/h and serves 800 tok/s when busy, but it is busy only 40% "
+                  "of the hours you pay for. What do 1M tokens cost?",
+            answer=_calc("cost_per_million_tokens", 2.50, 800, 0.4), unit="$", rtol=0.02,
+            explanation="$2.50 ÷ (800 × 3600 × 0.4) × 1e6 = $2.17: idle hours are paid too, so "
+                        "utilization divides the throughput you are billed for."),
+    Numeric("q3", "That A100 ($2.50/h, 800 tok/s) against an API at $2.00 per 1M tokens: above what "
+                  "utilization does renting win?",
+            answer=_calc("break_even_utilization", 2.50, 800, 2.0, scale=100), unit="%", rtol=0.02,
+            explanation="At full load it costs $0.868 per 1M; $0.868 ÷ $2.00 = 43%. Below that the "
+                        "API is cheaper."),
+    Numeric("q4", "Llama-2-70B in fp16 on two A100-80GB (90% of memory usable): how many requests of "
+                  "4096 tokens fit at once?",
+            answer=_two_a100_requests, unit="", rtol=0, atol=0,
+            explanation="144 GB usable − 140 GB of weights = 4 GB; each request holds 1.34 GB of "
+                        "KV: 2. On four GPUs, 110. Fitting the weights is not serving."),
+    Numeric("q5", "The syllabus design: Llama-2-70B on replicas of 4 A100s (17.2 ms + 0.112 ms per token "
+                  "a step), 100 requests/s of 500 tokens in and 200 out, batches of 256, each replica "
+                  "at most 80% busy. How many GPUs (calc.design_deployment)?",
+            answer=_design_gpus, unit="", rtol=0, atol=0,
+            explanation="Little's law: 100 req/s × 9.2 s = 923 in flight, 4 replicas' worth; but each "
+                        "request costs a replica 92 ms of work, so 100 req/s needs 9.2 replicas at "
+                        "100%, 12 at ≤ 80%: 48 GPUs, $120/h, $1.67 per 1M output tokens."),
+    Numeric("q6", "Review (Lab 01). A 13B model's weights in fp16?",
+            answer=_calc("weight_bytes", 13e9, 2, scale=1e-9), unit="GB", rtol=0.02,
+            explanation="13e9 × 2 bytes = 26 GB."),
+    Numeric("q7", "Review (Lab 01). The batch-1 decode ceiling of a 70B fp16 model on 2 TB/s?",
+            answer=_calc("decode_tokens_per_s", 70e9, 2, 2e12), unit="tok/s", rtol=0.02,
+            explanation="Each token reads 140 GB of weights: 2e12 ÷ 140e9 = 14.3 tok/s."),
+    Numeric("q8", "Review (Lab 03). Grouped-query attention with 32 query heads sharing 8 KV heads: how "
+                  "many times smaller is the KV cache than with full multi-head attention?",
+            answer=_calc("gqa_reduction", 32, 8), unit="x", rtol=0.01,
+            explanation="32 ÷ 8 = 4: each KV head serves a group of 4 query heads."),
+    Numeric("q9", "Review (Lab 07). The target gives a drafted token p = 0.3, the draft had q = 0.6: "
+                  "the probability it survives verification?",
+            answer=_calc("spec_acceptance_probability", 0.3, 0.6), unit="", rtol=0.01,
+            explanation="min(1, p ÷ q) = 0.5."),
+    Numeric("q10", "Review (Lab 05). One server handles μ = 4 requests/s. At λ = 3.6 requests/s, how "
+                   "many times its 0.25 s service time is the mean time in the system (M/M/1)?",
+            answer=_calc("mm1_mean_latency", 3.6, 4, scale=1 / 0.25),
+            unit="x", rtol=0.02,
+            explanation="W = 1 ÷ (μ − λ) = 2.5 s = 10 × 0.25 s, at ρ = 0.9: why a design keeps ρ "
+                        "well below 1."),
+    Numeric("q11", "Review (Lab 08). A pipeline of 4 stages runs 8 microbatches: what fraction of the "
+                   "time does a stage sit idle (the bubble)?",
+            answer=_calc("pp_bubble_fraction", 4, 8, scale=100), unit="%", rtol=0.02,
+            explanation="(N − 1) ÷ (N − 1 + M) = 3 ÷ 11 = 27%."),
+    Choice("q12", "Review (Lab 06). GPTQ decides how to round each column using …",
+           options=[
+               Option("the inverse Hessian of the layer's inputs, pushing each column's rounding error "
+                      "onto the columns not yet rounded", correct=True,
+                      why="H = 2·XᵀX from calibration data; its inverse weights the error updates."),
+               Option("the magnitudes of the activations, to scale salient channels up",
+                      why="That is AWQ."),
+               Option("the weights' own largest values only", why="That is round-to-nearest (RTN)."),
+           ]),
+    Choice("q13", "Review (Lab 06). AWQ protects the weights that matter most by looking at …",
+           options=[
+               Option("the activations' magnitudes per input channel", correct=True,
+                      why="Channels with large activations are scaled up before rounding, so their "
+                          "relative error shrinks."),
+               Option("the inverse Hessian", why="That is GPTQ."),
+               Option("the gradients of the loss", why="AWQ needs no gradients, only activations."),
+           ]),
+    Choice("q14", "Review (Labs 04 and 09). Every request to your service starts with the same "
+                  "2,000-token system prompt. What helps most?",
+           options=[
+               Option("prefix caching (vLLM's automatic prefix caching, SGLang's RadixAttention): "
+                      "the shared prompt's KV blocks are computed once and reused", correct=True,
+                      why="Each request then prefills only its own tokens: TTFT and compute drop."),
+               Option("a larger max_num_seqs", why="More requests at once still prefill 2,000 tokens each."),
+               Option("speculative decoding", why="It speeds up decoding, not the prompt's prefill."),
+               Option("int4 weights", why="Smaller weights do not avoid recomputing the same prompt."),
+           ]),
+    Numeric("q15", "Review (Lab 02). Llama-3-8B (32 layers, 8 KV heads of 128) at 8192 tokens in fp16: "
+                   "the KV cache of one sequence?",
+            answer=_calc("kv_cache_bytes", 32, 8, 128, 8192, scale=1e-9), unit="GB", rtol=0.02,
+            explanation="2 × 32 × 8 × 128 × 8192 × 2 bytes = 1.07 GB (exactly 1 GiB)."),
+    Choice("q16", "Batching 64 requests instead of 1 on the same GPU. What happens to ONE request's "
+                  "end-to-end latency?",
+           options=[
+               Option("it stays about the same or grows: each of its tokens still needs its own step, "
+                      "and a bigger batch makes every step a little longer", correct=True,
+                      why="200 steps of 20 ms take 4 s at any batch size; batching buys throughput."),
+               Option("it falls about 64-fold", why="The batch shares each step; it does not skip steps."),
+               Option("it falls by the square root of 64", why="No step is skipped at any batch size."),
+           ]),
+]
