@@ -361,7 +361,9 @@ def test_service_rate_counts_only_the_full_server():
 
 def test_helpers_refuse_a_non_loopback_url():
     with pytest.raises(ValueError, match="only targets loopback"):
-        serve_runs.burst("http://example.com:8000", 1, [5, 6])
+        serve_runs.burst("http://example.com:8000", [[5, 6]])
+    with pytest.raises(ValueError, match="at least one prompt"):
+        serve_runs.burst("http://127.0.0.1:9", [])
 
 
 @pytest.mark.slow
@@ -376,7 +378,7 @@ def test_stream_burst_and_metrics_against_a_real_server(smollm):
         assert timing.usage["completion_tokens"] == len(timing.pieces) or timing.finish_reason == "stop"
         assert 0 < timing.ttft_s <= timing.e2e_s and len(timing.itl_s) == len(timing.pieces) - 1
         assert list(iter_events(timing.lines))[-1] == "[DONE]"
-        replies = serve_runs.burst(srv.url, 12, list(range(5, 37)), max_tokens=4)
+        replies = serve_runs.burst(srv.url, [list(range(5 + i, 37 + i)) for i in range(12)], max_tokens=4)
         assert {r.status for r in replies} == {200, 503}
         assert all(r.retry_after for r in replies if r.status == 503)
         assert all(r.completion_tokens == 4 for r in replies if r.status == 200)

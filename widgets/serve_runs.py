@@ -4,7 +4,7 @@ rate, /metrics sampled during load, the knee of a p99-against-rate sweep, and th
 step times that calibrate the serving simulator.
 
     timing = stream_completion(server.url, "Tell me about Paris.", max_tokens=32)
-    replies = burst(server.url, 24, prompt_ids, max_tokens=8)     # 503s and Retry-After
+    replies = burst(server.url, prompts, max_tokens=8)            # one request per prompt: 503s, Retry-After
     mu = service_rate(replies, max_num_seqs=8)                    # req/s with every slot busy
     with MetricsWatcher(server.url) as watch: serve.run_load(...)
     knee_rate(rates, p99s, threshold_s=1.5 * max_num_seqs / mu)
@@ -123,16 +123,19 @@ class Reply:
     error: str | None           # the error body's message, if any
 
 
-def burst(url: str, n: int, prompt, *, max_tokens: int = 16, timeout_s: float = 300.0) -> list:
-    """Send ``n`` identical completions at the same moment (non-streamed, greedy, EOS
-    ignored) and return one ``Reply`` per request, in sending order."""
+def burst(url: str, prompts, *, max_tokens: int = 16, timeout_s: float = 300.0) -> list:
+    """Send one completion per prompt (str or token ids), all at the same moment
+    (non-streamed, greedy, EOS ignored), and return one ``Reply`` per request, in order.
+    Use distinct prompts to measure capacity: identical ones share the prefix cache."""
     import httpx
 
     from minillm.serve import MODEL_NAME
 
     target = _url(url) + "/v1/completions"
-    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
-            "temperature": 0.0, "ignore_eos": True}
+    prompts = list(prompts)
+    n = len(prompts)
+    if n == 0:
+        raise ValueError("burst needs at least one prompt.")
     replies = [None] * n
     go = threading.Barrier(n)
 
@@ -141,7 +144,9 @@ def burst(url: str, n: int, prompt, *, max_tokens: int = 16, timeout_s: float = 
             go.wait()
             sent = time.perf_counter()
             try:
-                r = client.post(target, json=body)
+                r = client.post(target, json={"model": MODEL_NAME, "prompt": prompts[i],
+                                              "max_tokens": max_tokens, "temperature": 0.0,
+                                              "ignore_eos": True})
                 data = r.json()
                 tokens = data.get("usage", {}).get("completion_tokens", 0) if r.status_code == 200 else 0
                 err = (data.get("error") or {}).get("message") if r.status_code != 200 else None
@@ -170,19 +175,19 @@ def service_rate(replies, max_num_seqs: int) -> float:
     return (hi - lo) / (done[hi - 1] - done[lo - 1])
 
 
-def drain_demo(server, prompt, *, num_inflight: int = 3, max_tokens: int = 48,
-               settle_s: float = 0.5) -> tuple:
-    """SIGTERM a ``ServerProcess`` while ``num_inflight`` requests run: returns (exit code,
+def drain_demo(server, prompts, *, max_tokens: int = 48, settle_s: float = 0.5) -> tuple:
+    """SIGTERM a ``ServerProcess`` while one request per prompt runs: returns (exit code,
     the in-flight replies, the reply to a request sent during the drain)."""
+    prompts = list(prompts)
     inflight, late, code = [], [], []
     sender = threading.Thread(target=lambda: inflight.extend(
-        burst(server.url, num_inflight, prompt, max_tokens=max_tokens)))
+        burst(server.url, prompts, max_tokens=max_tokens)))
     sender.start()
     time.sleep(settle_s)                    # the requests are in the server
     stopper = threading.Thread(target=lambda: code.append(server.stop()))
     stopper.start()
     time.sleep(settle_s / 2)                # SIGTERM delivered: the server is draining
-    late += burst(server.url, 1, prompt, max_tokens=1, timeout_s=30)
+    late += burst(server.url, prompts[:1], max_tokens=1, timeout_s=30)
     stopper.join()
     sender.join()
     return code[0], inflight, late[0]
