@@ -224,6 +224,15 @@ def fit_step_model(model, batch: int = 32):
     return calc.StepModel(one, max(0.0, (full - one) / (batch - 1)))
 
 
+def measure_decode_step(model, batch: int) -> float:
+    """Seconds of one engine decode step with ``batch`` sequences, measured the way
+    ``fit_step_model`` measures its two points (so a prediction from that model compares
+    like with like)."""
+    from .spec_runs import engine_step_times
+
+    return float(engine_step_times(model, (batch,), prompt_len=8, steps=3).step_s[0])
+
+
 @dataclasses.dataclass
 class Validation:
     """One design point seen three ways: calc's formulas, Lab 05's simulator (the real

@@ -141,4 +141,15 @@ QUESTIONS = [
                Option("it falls about 64-fold", why="The batch shares each step; it does not skip steps."),
                Option("it falls by the square root of 64", why="No step is skipped at any batch size."),
            ]),
+    Numeric("q17", "**Predict, then measure.** Section 3 fitted this machine's step model from a "
+                   "decode step with 1 sequence and one with 32: base + per_token × n. Before you run "
+                   "the cell that times it, predict one decode step with 8 sequences, in ms. It is "
+                   "marked against the step the notebook then measures, within 20%.",
+            answer=lambda m: m["decode_step_ms_batch8"], unit="ms", rtol=0.2,
+            needs=("decode_step_ms_batch8",), example_measured={"decode_step_ms_batch8": 45.0},
+            explanation="base + 8 × per_token (per_token = (t(32) − t(1)) / 31). A decode step "
+                        "is mostly one read of the weights, shared by every row, plus a small "
+                        "cost per row: the line between the two measured points lands within a "
+                        "few percent of the step in between. The straight line is also the "
+                        "step-time model Lab 05's simulator and this lab's designs run on."),
 ]
