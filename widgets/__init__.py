@@ -4,7 +4,8 @@ Each widget module has three layers, so the numbers can be tested without a disp
 
 - a pure data function (``roofline.roofline_data``, ``memory_wall.memory_wall_data``,
   ``kv_growth.kv_growth_data``, ``attention_variants.attention_variants_data``,
-  ``speculation.speculation_data``, ``quantization.explorer_data``, ``cost.cost_data``) returning a dataclass of
+  ``speculation.speculation_data``, ``quantization.explorer_data``, ``parallelism.parallelism_data``,
+  ``serving_sim.serving_sim_data``, ``cost.cost_data``) returning a dataclass of
   arrays, labels and summary lines, computed with ``minillm.calc`` so the book and the widgets cannot disagree;
 - a figure function (``draw_*``) turning that data into a matplotlib Figure;
 - a view (``view(...)``) with sliders and dropdowns that recomputes and redraws into an
@@ -23,11 +24,11 @@ Lab 01 (measure once, plot many)::
     widgets.kv_growth.view(model="Llama-2-70B", seq_len=4096)
 """
 from . import (attention_variants, batching, block_pool_grid, cost, kv_growth, memory_wall,
-               quantization, roofline, speculation)
+               parallelism, quantization, roofline, serving_sim, speculation)
 from ._hardware import THIS_MACHINE
 from ._models import MODEL_PRESETS, ModelSpec
 from ._view import figure_image
 
 __all__ = ["roofline", "memory_wall", "kv_growth", "attention_variants", "batching",
-           "block_pool_grid", "speculation", "quantization", "cost", "MODEL_PRESETS", "THIS_MACHINE",
+           "block_pool_grid", "speculation", "quantization", "parallelism", "serving_sim", "cost", "MODEL_PRESETS", "THIS_MACHINE",
            "ModelSpec", "figure_image"]
