@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 
+from .. import calc
 from .config import MODEL_NAME, is_loopback
 from .workload import make_workload
 
@@ -63,12 +64,13 @@ class LoadResult:
         return ok / self.wall_s if self.wall_s > 0 else 0.0
 
     def percentile(self, metric: str, p: float) -> float:
-        """The p-th percentile (0-100, linear interpolation) of 'ttft', 'itl' or 'e2e'
-        in seconds; NaN when nothing was measured."""
+        """The p-th percentile (0-100) of 'ttft', 'itl' or 'e2e' in seconds, by the
+        nearest-rank method of `calc.percentile` (Lab 09's definition: always a latency some
+        request really had); NaN when nothing was measured."""
         if metric not in METRICS:
             raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
         xs = getattr(self, metric + "_s")
-        return float(np.percentile(xs, p)) if xs else math.nan
+        return calc.percentile(xs, p) if xs else math.nan
 
     def summary(self) -> str:
         lines = [f"rate {self.rate:g} req/s for {self.duration_s:g} s: {self.num_requests} "
