@@ -8,10 +8,20 @@ the C++ small-M kernel (`minillm_blas`: MINILLM_CPU_KERNEL=0, weights in BLAS's 
 Decode tok/s is
 measured as (N - 1) / (t(N tokens) - t(1 token)), which cancels the prefill from both.
 
-The bandwidth-bound ceiling is weight bytes / measured bandwidth (measured in this run too):
-batch-1 decode reads every weight once per token, so no engine can beat it.
+With `--dtype float32` (the default) the same model also runs with bf16 weights and
+activations (`minillm_bf16`, eager and compiled): half the bytes per step. Where the CPU has
+native bf16 (`devices.cpu_native_bf16()`), `load_model(dtype="auto")` picks it.
 
-    python benchmarks/decode.py [--dtype float32] [--new-tokens 64] [--rounds 3]
+Two ceilings, both measured in this run, each weight bytes / a bandwidth (batch-1 decode reads
+every weight once per token, so no engine can beat them):
+- STREAM: the best of copy, triad and sum (`perf.measure_bandwidth`), what the memory
+  system can do;
+- matvec: the best of BLAS's and minillm's matrix-vector stream over a model-sized matrix
+  (`perf.measure_matvec_bandwidth`), what a decode step can actually get. The gap between
+  the two is the price of the matvec shape itself (a reduction per short row), not of the
+  engine; the gap between matvec and the measured decode is the engine's per-step overhead.
+
+    python benchmarks/decode.py [--dtype float32] [--new-tokens 64] [--rounds 3] [--no-bf16]
 """
 from __future__ import annotations
 
@@ -34,7 +44,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import minillm  # noqa: E402
 from minillm import calc  # noqa: E402
 from minillm.gguf_loader import find_model_path  # noqa: E402
-from minillm.perf import measure_bandwidth  # noqa: E402
+from minillm.devices import cpu_native_bf16, device_name  # noqa: E402
+from minillm.perf import measure_bandwidth, measure_matvec_bandwidth  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}]
 
@@ -93,9 +104,12 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-bf16", action="store_true",
+                    help="skip the bf16 model that runs beside the fp32 one")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "decode.json"))
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
+    with_bf16 = dtype == torch.float32 and not args.no_bf16
     torch.manual_seed(0)
 
     model, tok = minillm.load_model(dtype=dtype)
@@ -108,13 +122,23 @@ def main():
                "minillm_compiled": lambda k: time_minillm(model, ids, k, compile=True),
                "minillm_blas": lambda k: time_blas(model_blas, ids, k),
                "transformers": lambda k: time_hf(hf, ids, k)}
-    for run in engines.values():  # warm-up
+    bytes_per_elem = {name: dtype.itemsize for name in engines}
+    if with_bf16:
+        model16, _ = minillm.load_model(dtype=torch.bfloat16)
+        engines["minillm_bf16"] = lambda k: time_minillm(model16, ids, k)
+        engines["minillm_bf16_compiled"] = lambda k: time_minillm(model16, ids, k, compile=True)
+        bytes_per_elem.update(minillm_bf16=2, minillm_bf16_compiled=2)
+    first_call = {}
+    for name, run in engines.items():  # warm-up (the compiled ones compile here)
+        t0 = time.perf_counter()
         run(2)
+        first_call[name] = time.perf_counter() - t0
 
     samples = {name: {"prefill": [], "decode": []} for name in engines}
-    bandwidths = []
+    stream, matvec = [], []
     for r in range(args.rounds):
-        bandwidths.append(max(measure_bandwidth().values()))
+        stream.append(max(measure_bandwidth().values()))
+        matvec.append(measure_matvec_bandwidth())
         for name, run in engines.items():
             t1 = run(1)
             tn = run(n)
@@ -123,9 +147,15 @@ def main():
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(
             f"{k} decode {v['decode'][-1]:.1f} tok/s" for k, v in samples.items()), flush=True)
 
-    bw = statistics.median(bandwidths)
-    weight_bytes = calc.weight_bytes(model.config.num_params(), dtype.itemsize)
+    bw = statistics.median(stream)
+    matvec_by_path = {p: statistics.median(m[p] for m in matvec) for p in matvec[0]}
+    mv = max(matvec_by_path.values())
+    num_params = model.config.num_params()
+    weight_bytes = calc.weight_bytes(num_params, dtype.itemsize)
     ceiling = bw / weight_bytes
+    ceiling_of = {name: bw / calc.weight_bytes(num_params, b) for name, b in bytes_per_elem.items()}
+    matvec_ceiling_of = {name: mv / calc.weight_bytes(num_params, b)
+                         for name, b in bytes_per_elem.items()}
     med = {k: {m: statistics.median(v) for m, v in d.items()} for k, d in samples.items()}
     hf_decode = med["transformers"]["decode"]
     ratio = med["minillm"]["decode"] / hf_decode
@@ -134,10 +164,13 @@ def main():
         "benchmark": "decode", "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.processor() or platform.machine()}, "
                    f"{torch.get_num_threads()} threads",
+        "cpu": device_name("cpu"), "cpu_native_bf16": cpu_native_bf16(),
         "cpu_count": os.cpu_count(), "torch": torch.__version__, "dtype": args.dtype,
         "prompt_tokens": len(ids), "new_tokens": n, "rounds": args.rounds,
-        "bandwidth_GBps": bw / 1e9, "weight_MB": weight_bytes / 1e6,
-        "ceiling_tok_s": ceiling,
+        "bandwidth_GBps": bw / 1e9, "matvec_GBps": mv / 1e9,
+        "matvec_by_path_GBps": {p: v / 1e9 for p, v in matvec_by_path.items()},
+        "weight_MB": weight_bytes / 1e6,
+        "ceiling_tok_s": ceiling, "matvec_ceiling_tok_s": mv / weight_bytes,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
         "minillm": med["minillm"], "minillm_compiled": med["minillm_compiled"],
         "minillm_blas": med["minillm_blas"],
@@ -147,19 +180,34 @@ def main():
         "minillm_fraction_of_ceiling": med["minillm"]["decode"] / ceiling,
         "minillm_compiled_fraction_of_ceiling": med["minillm_compiled"]["decode"] / ceiling,
         "transformers_fraction_of_ceiling": med["transformers"]["decode"] / ceiling,
+        "fraction_of_matvec_ceiling": {k: med[k]["decode"] / matvec_ceiling_of[k] for k in med},
+        "first_call_s": first_call,
         "samples": samples,
     }
+    if with_bf16:
+        result["minillm_bf16"] = med["minillm_bf16"]
+        result["minillm_bf16_compiled"] = med["minillm_bf16_compiled"]
+        result["bf16_vs_fp32"] = med["minillm_bf16"]["decode"] / med["minillm"]["decode"]
+        result["bf16_vs_fp32_compiled"] = (med["minillm_bf16_compiled"]["decode"]
+                                           / med["minillm_compiled"]["decode"])
     print()
-    print(f"{'':18s}{'prefill tok/s':>15s}{'decode tok/s':>15s}{'of ceiling':>12s}"
-          f"{'vs transformers':>17s}")
+    print(f"{'':22s}{'prefill tok/s':>14s}{'decode tok/s':>13s}{'of STREAM':>11s}"
+          f"{'of matvec':>11s}{'vs transformers':>17s}{'first call s':>14s}")
     for name in engines:
-        print(f"{name:18s}{med[name]['prefill']:15.1f}{med[name]['decode']:15.1f}"
-              f"{med[name]['decode'] / ceiling:12.0%}{med[name]['decode'] / hf_decode:16.2f}x")
-    print(f"bandwidth {bw / 1e9:.1f} GB/s, {args.dtype} weights {weight_bytes / 1e6:.0f} MB "
-          f"-> ceiling {ceiling:.1f} tok/s")
-    print(f"goal: decode >= 1.5x transformers and >= 60% of the ceiling; "
-          f"eager {ratio:.2f}x / {med['minillm']['decode'] / ceiling:.0%}, "
-          f"compiled {ratio_compiled:.2f}x / {med['minillm_compiled']['decode'] / ceiling:.0%}")
+        d = med[name]["decode"]
+        print(f"{name:22s}{med[name]['prefill']:14.1f}{d:13.1f}{d / ceiling_of[name]:11.0%}"
+              f"{d / matvec_ceiling_of[name]:11.0%}{d / hf_decode:16.2f}x"
+              f"{first_call[name]:14.1f}")
+    print(f"{result['cpu']} (native bf16: {'yes' if result['cpu_native_bf16'] else 'no'}), "
+          f"{torch.get_num_threads()} threads")
+    print(f"bandwidth: STREAM {bw / 1e9:.1f} GB/s, matvec {mv / 1e9:.1f} GB/s ("
+          + ", ".join(f"{p} {v / 1e9:.1f}" for p, v in matvec_by_path.items())
+          + f"); {args.dtype} weights {weight_bytes / 1e6:.0f} MB -> ceilings "
+          f"{ceiling:.1f} / {mv / weight_bytes:.1f} tok/s")
+    print(f"vs transformers: eager {ratio:.2f}x, compiled {ratio_compiled:.2f}x")
+    if with_bf16:
+        print(f"bf16 against fp32: eager {result['bf16_vs_fp32']:.2f}x, compiled "
+              f"{result['bf16_vs_fp32_compiled']:.2f}x")
     print(f"the C++ small-M kernel against BLAS for every weight product (both eager): "
           f"{result['small_m_kernel_speedup']:.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,8 @@ so nothing stays in cache) for M = 1 and M = 5 rows through:
     w8 kernel         minillm.quant.cpu_kernels, 8-bit W, fp32 x
     w4 kernel         minillm.quant.cpu_kernels, 4-bit W, fp32 x
     dequant+linear    packing.dequantize_packed then F.linear (the reference path), 4-bit W
+    C++ dequant+lin   cpu_kernels.dequantize (one pass, the same bits) then F.linear: what
+                      QuantLinear does for more than 16 rows (prefill, large engine steps)
     torch int8 bf16   torch._weight_int8pack_mm: int8 W, per-channel bf16 scales, bf16 x
     torch int4 bf16   torch._weight_int4pack_mm_for_cpu: 4-bit W, bf16 scales and zeros,
                       bf16 x (bf16 activations are not exact enough for minillm's contract;
@@ -19,7 +21,7 @@ and prints each one's median, the weight bytes it reads per pass (packed values,
 zeros as each stores them; dequant+linear also writes and re-reads the fp32 matrix) and the
 GB/s that makes, next to this machine's measured memory bandwidth (the roofline).
 
-    python benchmarks/quant_linear.py [--repeats 7] [--group-size 64]
+    python benchmarks/quant_linear.py [--repeats 7] [--group-size 64] [--rows 1 5 64]
 """
 from __future__ import annotations
 
@@ -82,16 +84,23 @@ def build_paths(shapes, group_size: int, seed: int = 0):
     def dequant(x, p):
         return F.linear(x, packing.dequantize_packed(*p, 4))
 
+    def dequant_cpp(x, p):
+        return F.linear(x, cpu_kernels.dequantize(*p, 4))
+
     return {
         "fp32 small-M": (cpu_linear.small_m_linear, fp32, nbytes(*fp32)),
         "w8 kernel": (w8k, w8, sum(nbytes(*p) for p in w8)),
         "w4 kernel": (w4k, w4, sum(nbytes(*p) for p in w4)),
         "dequant+linear": (dequant, w4, sum(nbytes(*p) for p in w4) + 2 * nbytes(*fp32)),
+        "C++ dequant+lin": (dequant_cpp, w4, sum(nbytes(*p) for p in w4) + 2 * nbytes(*fp32)),
         "torch int8 bf16": (lambda x, p: torch._weight_int8pack_mm(x, *p), i8,
                             sum(nbytes(*p) for p in i8)),
         "torch int4 bf16": (lambda x, p: torch._weight_int4pack_mm_for_cpu(
             x, p[0], group_size, p[1]), i4, sum(nbytes(*p) for p in i4)),
     }
+
+
+FEW_ROW_KERNELS = ("fp32 small-M", "w8 kernel", "w4 kernel")
 
 
 def bf16_input(name: str) -> bool:
@@ -120,16 +129,19 @@ def main():
     for m in args.rows:
         xs = {k: torch.randn(m, k, generator=gen) for k in {k for _, k in shapes}}
         xs_bf16 = {k: x.bfloat16() for k, x in xs.items()}
-        times = {name: [] for name in paths}
+        # the three few-row kernels take at most MAX_ROWS rows; above that only the GEMMs run
+        run = {name: v for name, v in paths.items()
+               if m <= cpu_kernels.MAX_ROWS or name not in FEW_ROW_KERNELS}
+        times = {name: [] for name in run}
         for _ in range(args.repeats + 1):  # interleaved, so drift hits all alike; 1st warms up
-            for name, (fn, ws, _) in paths.items():
+            for name, (fn, ws, _) in run.items():
                 x = xs_bf16 if bf16_input(name) else xs
                 t0 = time.perf_counter()
                 for (_, k), w in zip(shapes, ws):
                     fn(x[k], w)
                 times[name].append(time.perf_counter() - t0)
         print(f"M = {m}: {'ms':>9s}{'MB read':>10s}{'GB/s':>8s}{'of roofline':>13s}")
-        for name, (_, _, moved) in paths.items():
+        for name, (_, _, moved) in run.items():
             sec = statistics.median(times[name][1:])
             print(f"  {name:16s}{sec * 1e3:9.2f}{moved / 1e6:10.0f}{moved / sec / 1e9:8.1f}"
                   f"{moved / sec / bandwidth:12.0%}")

@@ -31,24 +31,33 @@ def enabled() -> bool:
     return os.environ.get("MINILLM_CPU_KERNEL", "1") != "0"
 
 
-def build_flags(stem: str) -> tuple[str, list[str]]:
+def build_flags(stem: str, avx512: bool = False) -> tuple[str, list[str]]:
     """(extension name, compiler flags) for this CPU. The name carries the instruction set,
-    so a cache directory shared by different machines never hands one the other's build."""
-    vector_isa = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    so a cache directory shared by different machines never hands one the other's build.
+
+    `avx512=True` (a kernel written for 16-lane vectors) adds AVX-512 where PyTorch reports
+    the CPU has it; the others keep AVX2, so their results do not change with the host."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    vector_isa = capability in ("AVX2", "AVX512")
+    wide = avx512 and capability == "AVX512"
     flags = ["-O3"] + (["-mavx2", "-mfma"] if vector_isa else [])
+    if wide:
+        flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
     if sys.platform.startswith("linux"):
         flags.append("-fopenmp")  # at::parallel_for runs on PyTorch's OpenMP threads
-    return f"{stem}_{'avx2' if vector_isa else 'generic'}", flags
+    isa = "avx512" if wide else "avx2" if vector_isa else "generic"
+    return f"{stem}_{isa}", flags
 
 
-def load(stem: str, source: Path, fallback: str):
+def load(stem: str, source: Path, fallback: str, avx512: bool = False):
     """The compiled extension for `source`, or None if switched off or not buildable here.
 
-    `fallback` names what the caller does instead; it goes into the one warning."""
+    `fallback` names what the caller does instead; it goes into the one warning. `avx512`:
+    see `build_flags`."""
     if not enabled():
         return None
     if stem not in _loaded:
-        name, flags = build_flags(stem)
+        name, flags = build_flags(stem, avx512)
         try:
             from torch.utils.cpp_extension import load as cpp_load
 

@@ -36,6 +36,33 @@ def default_dtype(device=None) -> torch.dtype:
     return torch.bfloat16 if _resolve(device).type == "cuda" else torch.float32
 
 
+def cpu_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Does this CPU do bf16 arithmetic natively (x86 ``avx512_bf16`` or AMX, Arm ``bf16``)?
+    Read from the CPU flags in ``cpuinfo`` (False where they cannot be read)."""
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:
+            for line in f:
+                key = line.split(":", 1)[0].strip().lower()
+                if key in ("flags", "features"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    except OSError:
+        pass
+    return False
+
+
+def decode_dtype(device=None) -> torch.dtype:
+    """The dtype that decodes fastest on ``device`` at acceptable quality: bf16 on CUDA and on
+    CPUs with native bf16 (``cpu_native_bf16``), fp32 elsewhere. Batch-1 decode streams every
+    weight once per token, so bf16 weights halve the step's bytes. Where bf16 is native,
+    prefill's bf16 GEMMs are fast too; elsewhere they are emulated and crawl, so fp32 stays.
+    What ``load_model(dtype="auto")`` picks; ``benchmarks/decode.py`` measures both."""
+    dev = _resolve(device)
+    if dev.type == "cuda" or (dev.type == "cpu" and cpu_native_bf16()):
+        return torch.bfloat16
+    return torch.float32
+
+
 def _dtype_key(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

@@ -273,18 +273,25 @@ class LlamaModel(nn.Module):
         return self._compiled_run
 
 
-def load_model(dtype: torch.dtype = torch.float32, device=None, attn_backend="torch"):
+def load_model(dtype: torch.dtype | str = torch.float32, device=None, attn_backend="torch"):
     """Load SmolLM2-135M-Instruct from the installed GGUF: returns (model, tokenizer).
 
-    Weights are dequantized to `dtype` at load. fp32 is the CPU default: this kind of CPU
-    has no native bf16, so bf16 matmuls crawl (a Lab 01 lesson); on CUDA pass bfloat16.
+    Weights are dequantized to `dtype` at load. fp32 is the CPU default: it is exact against
+    the reference and fast on every CPU. `dtype="auto"` picks `devices.decode_dtype(device)`:
+    bf16 on CUDA and on CPUs with native bf16 (avx512_bf16 or AMX), where it halves the bytes
+    a decode step reads; fp32 on the others, whose emulated bf16 GEMMs make prefill crawl (a
+    Lab 01 lesson). A bf16 model agrees with fp32 on most greedy tokens, not all:
+    `tests/test_bf16.py` compares them by top-1 agreement and KL.
     """
+    from .devices import decode_dtype
     from .gguf_loader import load_gguf
     from .tokenizer import MiniTokenizer
 
+    if isinstance(dtype, str) and dtype == "auto":
+        dtype = decode_dtype(device)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating torch.dtype such as torch.float32, "
-                         f"got {dtype!r}")
+        raise ValueError(f"dtype must be a floating torch.dtype such as torch.float32, or "
+                         f"'auto', got {dtype!r}")
     config, state, reader = load_gguf()
     tokenizer = MiniTokenizer.from_gguf_reader(reader)
     with torch.device("meta"):

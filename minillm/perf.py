@@ -1,4 +1,5 @@
-"""Measure this machine: peak memory bandwidth and matmul FLOP/s, cached on disk.
+"""Measure this machine: peak memory bandwidth, the bandwidth decode gets, and matmul
+FLOP/s, cached on disk.
 
 The course compares every speed it reports with *this* machine's limits, measured rather
 than assumed. ``measure_machine()`` takes a few seconds on a laptop CPU, then caches its
@@ -9,6 +10,13 @@ Invariants:
   (2 × size), triad a = b + s·c = 2 reads + 1 write (3 × size), sum = 1 read. CPU caches
   also read a line before writing it ("write-allocate"), which we do not count, so copy and
   triad can read low; we report the best of the three medians.
+- The matvec stream is what batch-1 decode can actually get: y = W x over an fp32 W as
+  large as SmolLM2's weights (512 MiB) with rows as short as decode's (K = 576), counting
+  W's bytes. It is measured through BLAS and through the package's own few-row kernel
+  (`layers.cpu_linear`, where it is built): a decode step cannot stream weights faster than
+  the better of the two, so that, not STREAM's figure, is decode's honest ceiling. The two
+  ceilings can differ widely: a matrix-vector product does a multiply-add per 4 bytes and
+  reduces across each row, its rows are short, and BLAS's gemv may not use every thread.
 - Matmul FLOP/s counts 2·n³ per n×n×n product (a multiply-add is 2 FLOPs).
 - Timings are medians. On CUDA, work is timed with CUDA events after a synchronize.
 - The cache file is keyed by device name and torch thread count, and reused only if it was
@@ -42,9 +50,9 @@ CACHE_ENV = "MINILLM_CACHE_DIR"
 # arrays are 128 MiB (several times any L3 cache); fp16 matmuls are tiny because CPUs
 # without native fp16 run them at about 1 GFLOP/s.
 _DEFAULTS = {
-    "cpu": {"bandwidth_bytes": 128 * 2**20,
+    "cpu": {"bandwidth_bytes": 128 * 2**20, "matvec_bytes": 512 * 2**20,
             "matmul_n": {"float32": 1536, "bfloat16": 768, "float16": 192}},
-    "cuda": {"bandwidth_bytes": 1024 * 2**20,
+    "cuda": {"bandwidth_bytes": 1024 * 2**20, "matvec_bytes": 1024 * 2**20,
              "matmul_n": {"float32": 4096, "bfloat16": 8192, "float16": 8192}},
 }
 _DEFAULT_REPEATS = 10
@@ -87,6 +95,45 @@ def measure_bandwidth(device=None, num_bytes: int | None = None, repeats: int = 
     return result
 
 
+# Decode's rows: SmolLM2's hidden size. A matvec with K = 576 has the short rows (2.3 KB in
+# fp32) of every product in a decode step but the LM head's transposed use; longer rows
+# stream a little better.
+MATVEC_K = 576
+
+
+def measure_matvec_bandwidth(device=None, num_bytes: int | None = None,
+                             repeats: int = _DEFAULT_REPEATS) -> dict[str, float]:
+    """Bytes/s of W's bytes streamed by y = W x, fp32 W [num_bytes / (4 K), K], K = 576.
+
+    Returns ``{"blas": ...}`` (``torch.mv``: MKL / OpenBLAS gemv on a CPU, cuBLAS on CUDA)
+    and, on a CPU where the C++ kernel is built, ``"minillm": ...`` (the few-row kernel of
+    ``layers.cpu_linear`` that decode uses). See the module docstring for what it means."""
+    dev = _resolve(device)
+    if num_bytes is None:
+        num_bytes = _defaults(dev)["matvec_bytes"]
+    n = max(1, int(num_bytes) // (4 * MATVEC_K))
+    w = torch.randn(n, MATVEC_K, device=dev) * 0.02
+    x = torch.randn(MATVEC_K, device=dev)
+    moved = w.numel() * 4
+    result = {name: moved / _budgeted_median(fn, dev, repeats)
+              for name, fn in matvec_paths(w, x).items()}
+    del w
+    return result
+
+
+def matvec_paths(w: torch.Tensor, x: torch.Tensor) -> dict:
+    """{path: fn() -> W x [N]}: the products `measure_matvec_bandwidth` times."""
+    paths = {"blas": lambda: torch.mv(w, x)}
+    if w.device.type == "cpu" and w.dtype == torch.float32:
+        from .layers import cpu_linear
+
+        kernel = cpu_linear.load_kernel()
+        if kernel is not None:
+            xm = x[None]
+            paths["minillm"] = lambda: kernel.small_m_linear(xm, w)[0]
+    return paths
+
+
 def measure_matmul_flops(device=None, dtype=torch.float32, n: int | None = None,
                          repeats: int = _DEFAULT_REPEATS) -> float:
     """FLOP/s of an n×n by n×n matmul in ``dtype`` (2·n³ FLOPs per product).
@@ -122,11 +169,18 @@ class MachineProfile:
     num_threads: int
     bandwidth_bytes_per_s: float  # best of bandwidth_by_kernel
     bandwidth_by_kernel: dict[str, float]
+    matvec_by_path: dict[str, float]  # measure_matvec_bandwidth: decode's honest ceiling
     matmul_flops: dict[str, float]
     measured_at: str  # ISO 8601, UTC
     measurement_s: float
     torch_version: str
     settings: dict
+
+    @property
+    def matvec_bytes_per_s(self) -> float:
+        """The better matvec stream (BLAS or the package's kernel): the bandwidth a batch-1
+        decode step can actually get, so its tok/s ceiling is this ÷ bytes per token."""
+        return max(self.matvec_by_path.values())
 
     def peak_flops(self, dtype=None) -> float:
         """Measured matmul FLOP/s in ``dtype`` (default: ``default_dtype`` of the device)."""
@@ -154,7 +208,9 @@ class MachineProfile:
         lines = [f"{self.device_name} [{self.device}, {self.num_threads} threads, "
                  f"torch {self.torch_version}, measured {self.measured_at}]",
                  f"  bandwidth: {self.bandwidth_bytes_per_s / 1e9:.1f} GB/s ("
-                 + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in self.bandwidth_by_kernel.items()) + ")"]
+                 + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in self.bandwidth_by_kernel.items()) + ")",
+                 f"  matvec stream (decode's ceiling): {self.matvec_bytes_per_s / 1e9:.1f} GB/s ("
+                 + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in self.matvec_by_path.items()) + ")"]
         for dt, flops in self.matmul_flops.items():
             lines.append(f"  matmul {dt}: {flops / 1e9:.1f} GFLOP/s, ridge point "
                          f"{flops / self.bandwidth_bytes_per_s:.2f} FLOP/byte")
@@ -176,7 +232,7 @@ def _cache_path(name: str, num_threads: int) -> Path:
     return cache_dir() / f"machine-{slug}-{num_threads}threads.json"
 
 
-def _settings(dev: torch.device, bandwidth_bytes, matmul_n, repeats) -> dict:
+def _settings(dev: torch.device, bandwidth_bytes, matmul_n, repeats, matvec_bytes=None) -> dict:
     defaults = _defaults(dev)
     sizes = dict(defaults["matmul_n"])
     if isinstance(matmul_n, int):
@@ -188,6 +244,7 @@ def _settings(dev: torch.device, bandwidth_bytes, matmul_n, repeats) -> dict:
         sizes.update(matmul_n)
     return {
         "bandwidth_bytes": int(bandwidth_bytes or defaults["bandwidth_bytes"]),
+        "matvec_bytes": int(matvec_bytes or defaults["matvec_bytes"]),
         "matmul_n": sizes,
         "repeats": int(repeats or _DEFAULT_REPEATS),
     }
@@ -196,6 +253,7 @@ def _settings(dev: torch.device, bandwidth_bytes, matmul_n, repeats) -> dict:
 def _measure_profile(dev: torch.device, settings: dict) -> MachineProfile:
     t0 = time.perf_counter()
     bandwidth = measure_bandwidth(dev, settings["bandwidth_bytes"], settings["repeats"])
+    matvec = measure_matvec_bandwidth(dev, settings["matvec_bytes"], settings["repeats"])
     flops = {}
     for key, n in settings["matmul_n"].items():
         try:
@@ -208,6 +266,7 @@ def _measure_profile(dev: torch.device, settings: dict) -> MachineProfile:
         num_threads=torch.get_num_threads(),
         bandwidth_bytes_per_s=max(bandwidth.values()),
         bandwidth_by_kernel=bandwidth,
+        matvec_by_path=matvec,
         matmul_flops=flops,
         measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds"),
         measurement_s=time.perf_counter() - t0,
@@ -218,17 +277,20 @@ def _measure_profile(dev: torch.device, settings: dict) -> MachineProfile:
 
 def measure_machine(device=None, refresh: bool = False, *, bandwidth_bytes: int | None = None,
                     matmul_n: int | dict[str, int] | None = None,
-                    repeats: int | None = None) -> MachineProfile:
-    """Measure (or load from cache) this machine's bandwidth and matmul FLOP/s.
+                    repeats: int | None = None,
+                    matvec_bytes: int | None = None) -> MachineProfile:
+    """Measure (or load from cache) this machine's bandwidth (STREAM and matvec) and matmul
+    FLOP/s.
 
     ``device``: None for ``default_device()``, or "cpu", "cuda", "cuda:1", ...
     ``refresh``: measure again even if a cached result exists.
-    ``bandwidth_bytes`` (bytes per array), ``matmul_n`` (one size, or a dict per dtype) and
-    ``repeats`` override the default sizes, e.g. tiny ones in tests. A cached result is
+    ``bandwidth_bytes`` (bytes per array), ``matvec_bytes`` (the matvec's matrix),
+    ``matmul_n`` (one size, or a dict per dtype) and ``repeats`` override the default sizes,
+    e.g. tiny ones in tests. A cached result is
     reused only if it was measured with the same settings.
     """
     dev = _resolve(device)
-    settings = _settings(dev, bandwidth_bytes, matmul_n, repeats)
+    settings = _settings(dev, bandwidth_bytes, matmul_n, repeats, matvec_bytes)
     path = _cache_path(device_name(dev), torch.get_num_threads())
     if not refresh and path.exists():
         try:
@@ -238,7 +300,7 @@ def measure_machine(device=None, refresh: bool = False, *, bandwidth_bytes: int 
         except (OSError, ValueError, TypeError):
             pass  # unreadable or stale cache: measure again and overwrite it
     profile = _measure_profile(dev, settings)
-    if not all(math.isfinite(v) and v > 0 for v in [profile.bandwidth_bytes_per_s, *profile.matmul_flops.values()]):
+    if not all(math.isfinite(v) and v > 0 for v in [profile.bandwidth_bytes_per_s, *profile.matvec_by_path.values(), *profile.matmul_flops.values()]):
         raise RuntimeError(f"measurement gave non-positive or non-finite rates: {profile}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,24 @@ def test_each_row_is_bit_identical_whatever_shares_the_call(n, k):
         assert torch.equal(cpu_linear.small_m_linear(x[:m], w), alone[:m]), m
 
 
+@pytest.mark.parametrize("n, k", SHAPES)
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_bf16_is_the_fp32_product_rounded_once(n, k, m):
+    # bf16 x and W are widened exactly, multiplied and summed in fp32 and rounded once: the
+    # result is the fp32 product of the same bf16 values, rounded to bf16, give or take one
+    # bf16 step where the summation order tips the rounding.
+    g = torch.Generator().manual_seed(n * 17 + k + m)
+    x = torch.randn(m, k, generator=g).bfloat16()
+    w = torch.randn(n, k, generator=g).bfloat16()
+    y = cpu_linear.small_m_linear(x, w)
+    assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+    exact = x.double() @ w.double().T
+    ulp = 2.0 ** (torch.floor(torch.log2(exact.abs().clamp(min=1e-30))) - 7)
+    assert ((y.double() - exact).abs() <= ulp + 1e-5 * k ** 0.5).all()
+    alone = torch.cat([cpu_linear.small_m_linear(x[i:i + 1], w) for i in range(m)])
+    assert torch.equal(y, alone)  # batch invariance holds for bf16 too
+
+
 def test_leading_dims_are_kept():
     x, w = torch.randn(2, 3, 24), torch.randn(40, 24)
     y = cpu_linear.small_m_linear(x, w)
@@ -51,8 +69,10 @@ def test_bad_arguments_get_a_clear_error():
     w = torch.randn(8, 16)
     with pytest.raises(ValueError, match="x has 12 features, W expects 16"):
         cpu_linear.small_m_linear(torch.randn(2, 12), w)
-    with pytest.raises(ValueError, match="float32 only"):
+    with pytest.raises(ValueError, match="must both be float32 or both bfloat16"):
         cpu_linear.small_m_linear(torch.randn(2, 16, dtype=torch.float64), w.double())
+    with pytest.raises(ValueError, match="must both be float32 or both bfloat16"):
+        cpu_linear.small_m_linear(torch.randn(2, 16), w.bfloat16())
     with pytest.raises(ValueError, match="contiguous"):
         cpu_linear.small_m_linear(torch.randn(2, 16), torch.randn(16, 8).t())
 
@@ -64,6 +84,8 @@ def test_applies_only_to_few_fp32_cpu_rows_without_autograd():
     assert not cpu_linear.applies(torch.randn(cpu_linear.MAX_ROWS + 1, 16), w)  # prefill
     assert not cpu_linear.applies(torch.randn(0, 16), w)
     assert not cpu_linear.applies(torch.randn(1, 16).double(), w.double())
+    assert cpu_linear.applies(torch.randn(1, 16).bfloat16(), w.bfloat16())  # a bf16 model
+    assert not cpu_linear.applies(torch.randn(1, 16), w.bfloat16())  # mixed: F.linear
     assert not cpu_linear.applies(torch.randn(1, 16), torch.randn(16, 8).t())  # [in, out]
     assert not cpu_linear.applies(torch.randn(1, 16, requires_grad=True), w)  # training
     with torch.no_grad():

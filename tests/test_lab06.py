@@ -269,6 +269,23 @@ def test_quant_runs_measure_then_cache(tiny, tmp_path):
     assert per_method.key("gptq", 4, 32) == runs.key("gptq", 4, 32) != per_method.key("awq", 4, 32)
 
 
+def test_decode_tok_s_survives_a_stall_in_the_one_token_run(monkeypatch):
+    # Simulated clock: generate(1 token) takes 0.10 s and generate(32) 0.41 s (10 ms a
+    # token), except the first 1-token run, stalled to 0.40 s by another program. The best
+    # of each time gives 31 / (0.41 - 0.10) = 100 tok/s; the best of the differences would
+    # have given 31 / 0.01 = 3,100 (what once reached the Lab 06 table).
+    clock = [0.0]
+    stalls = iter([0.30])
+
+    def fake_generate(model, ids, n, ignore_eos=False):
+        clock[0] += 0.10 + 0.01 * (n - 1) + (next(stalls, 0.0) if n == 1 else 0.0)
+    monkeypatch.setattr(quant_runs, "generate", fake_generate)
+    monkeypatch.setattr(quant_runs.time, "perf_counter", lambda: clock[0])
+    assert quant_runs.decode_tok_s(None, [1], new_tokens=32, repeats=3) == pytest.approx(100)
+    with pytest.raises(ValueError, match="at least 2"):
+        quant_runs.decode_tok_s(None, [1], new_tokens=1)
+
+
 def test_activation_maxima_and_projection_input(tiny):
     ids = torch.arange(3, 40)
     maxima = quant_runs.activation_maxima(tiny, ids)

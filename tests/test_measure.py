@@ -93,7 +93,7 @@ def test_measure_operations_and_table(tiny_model):
         _finite_positive(op)
     profile = perf.MachineProfile(
         device="cpu", device_name="Test CPU", num_threads=2, bandwidth_bytes_per_s=20e9,
-        bandwidth_by_kernel={"copy": 20e9}, matmul_flops={"float32": 100e9},
+        bandwidth_by_kernel={"copy": 20e9}, matvec_by_path={"blas": 15e9}, matmul_flops={"float32": 100e9},
         measured_at="2026-01-01T00:00:00+00:00", measurement_s=0.0, torch_version="x", settings={})
     table = measure.format_table(ops, profile)
     assert "decode B=2" in table and "% roof" in table and "Test CPU" in table

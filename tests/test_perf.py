@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from minillm import perf
+from minillm.layers import cpu_linear
 
-TINY = dict(bandwidth_bytes=1 << 20, matmul_n=32, repeats=2)
+TINY = dict(bandwidth_bytes=1 << 20, matmul_n=32, repeats=2, matvec_bytes=1 << 20)
 
 
 @pytest.fixture
@@ -65,6 +66,12 @@ def test_measure_machine_tiny_is_positive_and_cached(cache, counted):
     assert all(math.isfinite(r) and r > 0 for r in rates)
     assert set(profile.matmul_flops) == {"float32", "bfloat16", "float16"}
     assert profile.bandwidth_bytes_per_s == max(profile.bandwidth_by_kernel.values())
+    # the matvec stream: BLAS always, the package's kernel where it is built
+    assert "blas" in profile.matvec_by_path
+    assert ("minillm" in profile.matvec_by_path) == (cpu_linear.load_kernel() is not None)
+    assert all(math.isfinite(r) and r > 0 for r in profile.matvec_by_path.values())
+    assert profile.matvec_bytes_per_s == max(profile.matvec_by_path.values())
+    assert "matvec stream" in str(profile)
     assert profile.num_threads == torch.get_num_threads()
     assert profile.ridge_point() == profile.matmul_flops["float32"] / profile.bandwidth_bytes_per_s
     assert profile.ridge_point(torch.float16) == profile.matmul_flops["float16"] / profile.bandwidth_bytes_per_s
@@ -91,6 +98,25 @@ def test_other_settings_or_corrupt_cache_measure_again(cache, counted):
     next(cache.glob("*.json")).write_text("{not json")
     perf.measure_machine("cpu", **TINY)
     assert len(counted) == 3
+
+
+def test_matvec_paths_compute_the_product_they_time():
+    # the ceiling is only honest if each timed path really is W x
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(300, perf.MATVEC_K, generator=g), torch.randn(perf.MATVEC_K, generator=g)
+    paths = perf.matvec_paths(w, x)
+    assert "blas" in paths
+    for name, fn in paths.items():
+        torch.testing.assert_close(fn(), w @ x, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_matvec_stream_counts_the_matrix_bytes(monkeypatch):
+    # rates are W's bytes over the median time: with the timer fixed at 1 ms, a 1 MiB
+    # request (455 rows of 576 fp32) must report 455 * 576 * 4 bytes per ms
+    monkeypatch.setattr(perf, "_budgeted_median", lambda fn, dev, repeats: 1e-3)
+    rates = perf.measure_matvec_bandwidth("cpu", num_bytes=1 << 20, repeats=1)
+    rows = (1 << 20) // (4 * perf.MATVEC_K)
+    assert rates["blas"] == pytest.approx(rows * perf.MATVEC_K * 4 / 1e-3)
 
 
 def test_bad_matmul_size_key(cache):

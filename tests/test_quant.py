@@ -13,7 +13,7 @@ import torch
 from minillm import quant
 from minillm.config import ModelConfig
 from minillm.model import LlamaModel
-from minillm.quant import awq
+from minillm.quant import awq, cpu_kernels
 from minillm.quant import quantize as qz
 
 # --- RTN ---------------------------------------------------------------------------------
@@ -190,6 +190,26 @@ def test_quant_linear_fast_path_equals_its_reference(bits, group):
         x = torch.randn(rows, 64)
         torch.testing.assert_close(layer(x), layer.reference_forward(x),
                                    rtol=1e-3 if bits <= 4 else 1e-5, atol=1e-4)
+    if cpu_kernels.load_kernel() is not None:
+        # more rows than the kernel takes: the one-pass dequantize, then the same F.linear
+        # as the reference, so the same bits
+        x = torch.randn(40, 64)
+        assert torch.equal(layer(x), layer.reference_forward(x))
+
+
+@pytest.mark.parametrize("bits,group,sym", [(4, 64, False), (3, 32, True), (2, 16, False),
+                                            (8, None, False), (5, 8, True), (4, 6, False)])
+def test_cpp_dequantize_is_bit_identical_to_the_reference(bits, group, sym):
+    if cpu_kernels.load_kernel() is None:
+        pytest.skip("the C++ kernels are not built here")
+    g = torch.Generator().manual_seed(bits)
+    qweight, scales, zeros = quant.pack(quant.rtn(torch.randn(37, 192, generator=g), bits,
+                                                  group, sym=sym))
+    assert torch.equal(cpu_kernels.dequantize(qweight, scales, zeros, bits),
+                       quant.dequantize_packed(qweight, scales, zeros, bits))
+    with pytest.raises(ValueError, match="scales"):
+        cpu_kernels.dequantize(qweight, scales[:, :1].repeat(1, 5).contiguous(), zeros,
+                                     bits)
 
 
 def test_quant_linear_keeps_fp32_scales_when_the_model_is_cast(tiny):

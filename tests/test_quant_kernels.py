@@ -54,11 +54,14 @@ def test_matches_dequantize_then_linear(bits, group_size, sym, m):
 
 @pytest.mark.parametrize("bits, k, group_size",
                          [(4, 72, 24), (4, 60, 6), (4, 90, 45), (4, 60, 2), (8, 60, 12),
-                          (8, 45, 3), (8, 45, 45)])
+                          (8, 45, 3), (8, 45, 45), (4, 80, 16), (4, 96, 48), (8, 40, 8),
+                          (8, 72, 24)])
 def test_group_sizes_that_leave_a_scalar_tail(bits, k, group_size):
     # Groups that are not a whole number of vector chunks (16 columns for w4, 8 for w8), and
     # for w4 groups of an odd size (their chunks would not start on a byte), take the
-    # kernel's scalar path for what is left.
+    # kernel's scalar path for what is left. Where the build has AVX-512, groups that 16-lane
+    # chunks do not tile (w4: g not a multiple of 32; w8: of 16) run on 8 lanes instead:
+    # g = 16, 48 (w4) and 8, 24 (w8) check that path.
     qweight, scales, zeros, g = packed(11, k, bits, group_size, sym=False)
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(1))
     y = cpu_kernels.quant_linear(x, qweight, scales, zeros, g, bits)
@@ -74,8 +77,9 @@ def test_leading_dims_are_kept():
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_each_row_is_bit_identical_whatever_shares_the_call(bits):
-    qweight, scales, zeros, g = packed(37, 96, bits, 32, sym=False)
+@pytest.mark.parametrize("group_size", [32, 16])  # 16 lanes (with AVX-512) and 8 lanes
+def test_each_row_is_bit_identical_whatever_shares_the_call(bits, group_size):
+    qweight, scales, zeros, g = packed(37, 96, bits, group_size, sym=False)
     x = torch.randn(16, 96, generator=torch.Generator().manual_seed(2))
     alone = torch.cat([cpu_kernels.quant_linear(x[i:i + 1], qweight, scales, zeros, g, bits)
                        for i in range(16)])

@@ -27,7 +27,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def profile():
     return MachineProfile(
         device="cpu", device_name="Test CPU", num_threads=2, bandwidth_bytes_per_s=BW,
-        bandwidth_by_kernel={"copy": BW}, matmul_flops={"float32": PEAK, "bfloat16": 10e9},
+        bandwidth_by_kernel={"copy": BW}, matvec_by_path={"blas": BW}, matmul_flops={"float32": PEAK, "bfloat16": 10e9},
         measured_at="2026-01-01T00:00:00+00:00", measurement_s=0.0, torch_version="x", settings={})
 
 

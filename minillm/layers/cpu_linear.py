@@ -11,13 +11,17 @@ BLAS's own matrix-vector product, and 5 rows cost well under 2 (`benchmarks/smal
 measures both side by side).
 
 Contract: `small_m_linear(x [M, K], W [N, K]) == x @ W.T` to float32 rounding, for fp32 CPU
-tensors, W contiguous as `nn.Linear` stores it. Each output is summed in one fixed order, so
+tensors, W contiguous as `nn.Linear` stores it. For bf16 x and W (a bf16 model: half the bytes
+per decode step) the products and sums are fp32 and y is rounded to bf16 once, so it equals
+`(x.float() @ W.float().T).bfloat16()` up to that one rounding (the summation order may tip
+a value to the neighbouring bf16). Each output is summed in one fixed order, so
 a row's result is bit-identical whichever other rows share the call (batch invariance): a
 speculative verify pass over k + 1 rows computes each row exactly as a plain decode step.
 
 `Linear.forward` uses it when `applies(x, W)` (CPU, fp32, W contiguous, at most `MAX_ROWS`
 rows, no autograd) and the kernel is built; otherwise `F.linear`. Under `torch.compile` it is
-called as the custom op `minillm::small_m_linear`, so the compiled decode path uses it too.
+called as the C++ operator `minillm_cpu::small_m_linear` (defined by the extension), so the
+compiled decode path uses it too, with no Python in between.
 """
 from __future__ import annotations
 
@@ -35,23 +39,43 @@ SOURCE = Path(__file__).with_name("csrc") / "small_m_linear_cpu.cpp"
 MAX_ROWS = 16
 
 
+# What the kernel multiplies: x and W both of one of these.
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def load_kernel():
-    """The compiled extension, or None if switched off or not buildable here (warns once)."""
-    return cpp_extension.load("minillm_small_m_linear_cpu", SOURCE,
-                              "Linear uses torch.nn.functional.linear for every row count")
+    """The compiled extension, or None if switched off or not buildable here (warns once).
+    Loading it also defines the operator `minillm_cpu::small_m_linear`."""
+    kernel = cpp_extension.load("minillm_small_m_linear_cpu", SOURCE,
+                                "Linear uses torch.nn.functional.linear for every row count")
+    if kernel is not None and not _fake_registered:
+        _register_fake()
+    return kernel
+
+
+_fake_registered = False
+
+
+def _register_fake() -> None:
+    """The C++ operator's shape function, so torch.compile can trace it."""
+    global _fake_registered
+    torch.library.register_fake("minillm_cpu::small_m_linear")(
+        lambda x, weight: x.new_empty(x.shape[0], weight.shape[0]))
+    _fake_registered = True
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Would `Linear` send this product to the kernel? (Checks only: no build.)"""
-    return (x.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and weight.device.type == "cpu"
+    return (x.device.type == "cpu" and x.dtype in KERNEL_DTYPES
+            and weight.dtype == x.dtype and weight.device.type == "cpu"
             and weight.dim() == 2 and weight.is_contiguous()
             and 0 < x.numel() // max(x.shape[-1], 1) <= MAX_ROWS
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
 
 
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., K] @ weight[N, K].T -> [..., N] with the C++ kernel (fp32 CPU, contiguous W).
+    """x [..., K] @ weight[N, K].T -> [..., N] with the C++ kernel (CPU, contiguous W, both
+    fp32 or both bf16).
 
     Raises RuntimeError if the kernel is not available here (check `load_kernel()`) and
     ValueError on bad arguments (the kernel checks devices, dtypes, shapes and layout)."""
@@ -71,20 +95,13 @@ def _run(kernel, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
-@torch.library.custom_op("minillm::small_m_linear", mutates_args=())
-def _small_m_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return small_m_linear(x, weight)
-
-
-@_small_m_linear_op.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, kernel) -> torch.Tensor:
-    """`Linear.forward`'s call, with the `kernel` it got from `load_kernel()`: direct in
-    eager mode (the custom-op wrapper costs a few µs per call, and a decode step makes 121
-    of them), as the custom op under `torch.compile`."""
+    """`Linear.forward`'s call, with the `kernel` it got from `load_kernel()`: the pybind
+    function in eager mode, the C++ operator `minillm_cpu::small_m_linear` under
+    `torch.compile` (a decode step makes 121 of these calls; a Python custom op would cost
+    ~10 µs each, the operator ~2). The reshape to rows is traced into the graph."""
     if torch.compiler.is_compiling():
-        return _small_m_linear_op(x, weight)
+        rows = x.reshape(-1, x.shape[-1]).contiguous()
+        y = torch.ops.minillm_cpu.small_m_linear(rows, weight)
+        return y.reshape(*x.shape[:-1], weight.shape[0])
     return _run(kernel, x, weight)

@@ -48,8 +48,8 @@ class Linear(nn.Module):
         self.weight = weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # A few fp32 rows on the CPU (decode, speculative verify, a small batch): the C++
-        # kernel that streams W once. Anything else (prefill, GPU, autograd): F.linear.
+        # A few fp32 or bf16 rows on the CPU (decode, speculative verify, a small batch): the
+        # C++ kernel that streams W once. Anything else (prefill, GPU, autograd): F.linear.
         if cpu_linear.applies(x, self.weight) and (kernel := cpu_linear.load_kernel()):
             return cpu_linear.linear(x, self.weight, kernel)
         return F.linear(x, self.weight)
@@ -70,7 +70,8 @@ class Linear(nn.Module):
         w = getattr(self, "weight", None)
         if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
             return
-        if w.device.type == "cpu" and w.dtype == torch.float32 and cpu_linear.load_kernel():
+        if (w.device.type == "cpu" and w.dtype in cpu_linear.KERNEL_DTYPES
+                and cpu_linear.load_kernel()):
             want_transposed = False
         else:
             want_transposed = w.shape[0] >= w.shape[1]

@@ -7,7 +7,8 @@ costs. Packed 4-bit weights are 1/8 of fp32's bytes (8-bit 1/4), but only a kern
 them as packed gets that: dequantizing first writes and re-reads a float matrix.
 `csrc/quant_linear_cpu.cpp` widens each packed byte to fp32 in registers and multiplies it by
 all rows there, once per call; per group it sums s·Σu·x − s·z·Σx, with each group's Σx taken
-once per row. `benchmarks/quant_linear.py` times it against the fp32 small-M kernel,
+once per row. Built with AVX-512 where the CPU has it (16 lanes: half the instructions per
+weight of AVX2's 8, and this loop is bound by instructions, not by memory). `benchmarks/quant_linear.py` times it against the fp32 small-M kernel,
 dequantize + F.linear and PyTorch's own int8 / int4 products, next to the bytes each reads.
 
 Contract: `quant_linear(x [..., K], qweight, scales, zeros, group_size, bits)` equals
@@ -18,8 +19,9 @@ kernel, each output is summed in one fixed order, so a row's result is bit-ident
 other rows share the call.
 
 `QuantLinear.forward` uses it when `applies(x, qweight)` and the kernel is built; otherwise it
-dequantizes and calls `F.linear`. Under `torch.compile` the call goes through the custom ops
-`minillm::w4_linear` / `minillm::w8_linear`, so the compiled decode path has no graph break.
+dequantizes and calls `F.linear`. Under `torch.compile` the call goes to the C++ operators
+`minillm_cpu::w4_linear` / `w8_linear` (defined by the extension itself, so a compiled step
+calls them without going through Python), and the compiled decode path has no graph break.
 """
 from __future__ import annotations
 
@@ -40,10 +42,27 @@ MAX_ROWS = 16
 
 
 def load_kernel():
-    """The compiled extension, or None if switched off or not buildable here (warns once)."""
-    return cpp_extension.load("minillm_quant_linear_cpu", SOURCE,
-                              "QuantLinear dequantizes the weight and calls "
-                              "torch.nn.functional.linear")
+    """The compiled extension, or None if switched off or not buildable here (warns once).
+    Loading it also defines the operators `minillm_cpu::w4_linear` / `w8_linear`."""
+    kernel = cpp_extension.load("minillm_quant_linear_cpu", SOURCE,
+                                "QuantLinear dequantizes the weight and calls "
+                                "torch.nn.functional.linear", avx512=True)
+    if kernel is not None and not _fakes_registered:
+        _register_fakes()
+    return kernel
+
+
+_fakes_registered = False
+
+
+def _register_fakes() -> None:
+    """Shape functions of the C++ operators, so torch.compile can trace them."""
+    global _fakes_registered
+    for name in ("minillm_cpu::w4_linear", "minillm_cpu::w8_linear"):
+        torch.library.register_fake(name)(
+            lambda x, qweight, scales, zeros, group_size:
+            x.new_empty(*x.shape[:-1], qweight.shape[0]))
+    _fakes_registered = True
 
 
 def applies(x: torch.Tensor, qweight: torch.Tensor) -> bool:
@@ -61,22 +80,39 @@ def quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 
     Raises RuntimeError if the kernel is not available here (check `load_kernel()`) and
     ValueError on bad arguments (the kernel checks devices, dtypes, shapes and row count)."""
-    if isinstance(bits, bool) or not isinstance(bits, int) or not MIN_BITS <= bits <= MAX_BITS:
-        raise ValueError(f"bits must be an integer from {MIN_BITS} to {MAX_BITS}, got {bits!r}")
-    if torch.compiler.is_compiling():
-        op = _w4_op if storage_bits(bits) == 4 else _w8_op
+    _check_bits(bits)
+    if torch.compiler.is_compiling():  # the C++ operator itself (see the .cpp's end)
+        ops = torch.ops.minillm_cpu
+        op = ops.w4_linear if storage_bits(bits) == 4 else ops.w8_linear
         return op(x, qweight, scales, zeros, group_size)
     return _run("w4_linear" if storage_bits(bits) == 4 else "w8_linear", x, qweight, scales,
                 zeros, group_size)
 
 
-# The kernel's two functions once built. A decode step makes ~120 of these calls, so the
+def dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+               bits: int) -> torch.Tensor:
+    """Ŵ [N, K] fp32 from the packed layout, in one pass: bit-identical to
+    `packing.dequantize_packed` (the same subtraction and multiplication per element), several
+    times faster. `QuantLinear` uses it for products with more rows than `MAX_ROWS`, which
+    then go to a BLAS GEMM. Raises RuntimeError if the kernel is not available here."""
+    _check_bits(bits)
+    return _run("w4_dequantize" if storage_bits(bits) == 4 else "w8_dequantize", qweight,
+                scales, zeros)
+
+
+def _check_bits(bits) -> None:
+    if isinstance(bits, bool) or not isinstance(bits, int) or not MIN_BITS <= bits <= MAX_BITS:
+        raise ValueError(f"bits must be an integer from {MIN_BITS} to {MAX_BITS}, got {bits!r}")
+
+
+# The kernel's functions once built. A decode step makes ~120 of these calls, so the
 # eager path looks them up here rather than through `load_kernel()` (about 1 µs a call)
 # and leaves the reshaping of x [..., K] to the kernel (another 3 µs in Python).
 _functions: dict[str, object] = {}
 
 
-def _run(name: str, x, qweight, scales, zeros, group_size):
+def _run(name: str, *args):
+    """The kernel's function `name` called on `args`, its argument checks as ValueError."""
     fn = _functions.get(name)
     if fn is None:
         kernel = load_kernel()
@@ -86,29 +122,6 @@ def _run(name: str, x, qweight, scales, zeros, group_size):
                                "build: see the warning)")
         fn = _functions[name] = getattr(kernel, name)
     try:
-        return fn(x, qweight, scales, zeros, group_size)
+        return fn(*args)
     except RuntimeError as e:  # the kernel's TORCH_CHECKs
         raise ValueError(str(e).splitlines()[0]) from None
-
-
-# The same calls as opaque ops for torch.compile: the fake kernels give the output's shape.
-@torch.library.custom_op("minillm::w4_linear", mutates_args=())
-def _w4_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-           group_size: int) -> torch.Tensor:
-    return _run("w4_linear", x, qweight, scales, zeros, group_size)
-
-
-@torch.library.custom_op("minillm::w8_linear", mutates_args=())
-def _w8_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-           group_size: int) -> torch.Tensor:
-    return _run("w8_linear", x, qweight, scales, zeros, group_size)
-
-
-@_w4_op.register_fake
-def _(x, qweight, scales, zeros, group_size):
-    return x.new_empty(*x.shape[:-1], qweight.shape[0])
-
-
-@_w8_op.register_fake
-def _(x, qweight, scales, zeros, group_size):
-    return x.new_empty(*x.shape[:-1], qweight.shape[0])

@@ -9,8 +9,11 @@ It plugs into the model through the `Linear` seam: same call, same `in_features`
   float matrix. This is where quantization makes decode faster: the step streams 1/8 (W4)
   or 1/4 (W8) of fp32's bytes.
 - CUDA with 4-bit storage: the Triton W4A16 kernel (`minillm.kernels.w4a16`).
-- anything else (prefill, where the product is compute-bound; no kernel here): dequantize
-  to x's dtype and `F.linear`. This is also the reference every fast path is tested against.
+- CPU, more rows (prefill, a large engine step: compute-bound): `cpu_kernels.dequantize`
+  writes the float matrix in one pass, then a BLAS GEMM. The same bits as the reference,
+  several times faster than its elementwise PyTorch version (`benchmarks/quant_linear.py`).
+- anything else: dequantize to x's dtype with PyTorch ops and `F.linear`
+  (`reference_forward`), the reference every fast path is tested against.
 """
 from __future__ import annotations
 
@@ -66,6 +69,11 @@ class QuantLinear(Linear):
         if x.is_cuda and storage_bits(self.bits) == 4:
             from ..kernels.w4a16 import w4a16_linear
             return w4a16_linear(x, self.qweight, self.scales, self.zeros, self.group_size)
+        if (x.device.type == "cpu" and self.qweight.device.type == "cpu"
+                and not torch.compiler.is_compiling()  # Inductor fuses the reference's ops
+                and cpu_kernels.load_kernel() is not None):
+            w = cpu_kernels.dequantize(self.qweight, self.scales, self.zeros, self.bits)
+            return F.linear(x, w.to(x.dtype))
         return self.reference_forward(x)
 
     def reference_forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -156,8 +156,8 @@ QUESTIONS = [
     ),
     Choice(
         "q11",
-        "On this CPU (no native bf16), a large bf16 matmul is several times slower than fp32, yet "
-        "the bf16 LM-head matrix-vector product is faster. What explains both?",
+        "On a CPU without native bf16 arithmetic, a large bf16 matmul is several times slower than "
+        "fp32, yet the bf16 LM-head matrix-vector product is faster. What explains both?",
         options=[
             Option("The matmul is compute-bound (bf16 arithmetic is emulated), the matvec memory-bound "
                    "(bf16 reads half the bytes)", correct=True,

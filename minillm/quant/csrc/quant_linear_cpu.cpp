@@ -20,11 +20,15 @@
 // weight), so the rounding error is a few times dequantize-then-F.linear's (we measured up
 // to ~10x; ~1e-6 of the output's magnitude at K = 576).
 //
-// Speed: AVX2 (what cpp_extension.build_flags enables): 8 lanes. At 1 row the kernel runs
-// near memory bandwidth; at 5 rows it is bound by the FMAs and the widening (see
-// benchmarks/quant_linear.py).
+// Speed: the inner loop is compute-bound, not memory-bound: per 8 bytes of w4 it widens,
+// masks, shifts, converts twice and issues two FMAs, so on 2 cores it streams ~20 GB/s where
+// fp32 streams ~33. Wider vectors are the cure: built with AVX-512 (cpp_extension.build_flags
+// asks for it where the CPU has it) a chunk is 16 lanes, half the instructions per weight;
+// otherwise AVX2's 8 lanes. Which one a call uses depends only on the build and the group
+// size (16 lanes need g to be a multiple of 32 for w4, 16 for w8), never on M.
+// benchmarks/quant_linear.py measures both widths side by side.
 //
-// Batch invariance: y[m, n] is accumulated in one fixed order (8 lanes per chunk, groups in
+// Batch invariance: y[m, n] is accumulated in one fixed order (L lanes per chunk, groups in
 // order, a fixed sum of the lanes, the per-group tails, then the zero-point term), whatever
 // M is and however rows are tiled, so a row's result is the same bits alone or among others
 // (speculative decoding's greedy verify relies on it, as with small_m_linear_cpu.cpp).
@@ -43,29 +47,79 @@ namespace {
 typedef float vf8 __attribute__((vector_size(32), aligned(4)));
 typedef int32_t vi8 __attribute__((vector_size(32), aligned(4)));
 typedef uint8_t vb8 __attribute__((vector_size(8), aligned(1)));
+typedef float vf16 __attribute__((vector_size(64), aligned(4)));
+typedef int32_t vi16 __attribute__((vector_size(64), aligned(4)));
+typedef uint8_t vb16 __attribute__((vector_size(16), aligned(1)));
 
 constexpr int64_t kMaxRows = 16;
 
-inline vf8 load8(const float* p) { return *reinterpret_cast<const vf8*>(p); }
-
-// 8 bytes -> 8 int32 lanes: one vpmovzxbd from memory. (GCC 12 lowers the portable
-// __builtin_convertvector of a byte vector to 8 scalar loads and inserts, 5x slower here.)
-inline vi8 widen8(const uint8_t* p) {
-#ifdef __AVX2__
-  return reinterpret_cast<vi8>(
-      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#ifdef __AVX512F__
+constexpr bool kHave16Lanes = true;
 #else
-  return __builtin_convertvector(*reinterpret_cast<const vb8*>(p), vi8);
+constexpr bool kHave16Lanes = false;
 #endif
-}
 
-inline vf8 to_float(vi8 v) { return __builtin_convertvector(v, vf8); }
+// The vector types of an L-lane chunk, and the three things the tiles do with them: load L
+// floats, widen L bytes to L int32 lanes, sum the L lanes in a fixed order.
+template <int L> struct Lanes;
 
-inline float hsum(vf8 v) {
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
+template <> struct Lanes<8> {
+  typedef vf8 F;
+  typedef vi8 I;
+  static inline F load(const float* p) { return *reinterpret_cast<const F*>(p); }
+  // 8 bytes -> 8 int32 lanes: one vpmovzxbd from memory. (GCC 12 lowers the portable
+  // __builtin_convertvector of a byte vector to 8 scalar loads and inserts, 5x slower.)
+  static inline I widen(const uint8_t* p) {
+#ifdef __AVX2__
+    return reinterpret_cast<I>(
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#else
+    return __builtin_convertvector(*reinterpret_cast<const vb8*>(p), I);
+#endif
+  }
+  static inline float hsum(F v) {
+    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+  }
+  static inline F splat(float s) { return F{s, s, s, s, s, s, s, s}; }
+  // The low and high nibbles of widened bytes as floats: mask or shift, then convert.
+  static inline F low_nibbles(I b) { return __builtin_convertvector(b & 15, F); }
+  static inline F high_nibbles(I b) { return __builtin_convertvector(b >> 4, F); }
+};
 
-inline vf8 splat(float s) { return vf8{s, s, s, s, s, s, s, s}; }
+template <> struct Lanes<16> {
+  typedef vf16 F;
+  typedef vi16 I;
+  static inline F load(const float* p) { return *reinterpret_cast<const F*>(p); }
+  static inline I widen(const uint8_t* p) {
+#ifdef __AVX512F__
+    return reinterpret_cast<I>(
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+    return __builtin_convertvector(*reinterpret_cast<const vb16*>(p), I);
+#endif
+  }
+  static inline float hsum(F v) {  // fold the halves, then as 8 lanes
+    vf8 h;
+    for (int i = 0; i < 8; ++i) h[i] = v[i] + v[i + 8];
+    return Lanes<8>::hsum(h);
+  }
+  static inline F splat(float s) { return F{s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }
+  // With AVX-512 a 16-entry table lookup (vpermps reads only the low 4 bits of each index)
+  // turns a nibble into its float in one instruction: no mask, no conversion.
+#ifdef __AVX512F__
+  static inline F table() {
+    return F{0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, 11.f, 12.f, 13.f, 14.f, 15.f};
+  }
+  static inline F low_nibbles(I b) {
+    return reinterpret_cast<F>(_mm512_permutexvar_ps(reinterpret_cast<__m512i>(b),
+                                                     reinterpret_cast<__m512>(table())));
+  }
+  static inline F high_nibbles(I b) { return low_nibbles(b >> 4); }
+#else
+  static inline F low_nibbles(I b) { return __builtin_convertvector(b & 15, F); }
+  static inline F high_nibbles(I b) { return __builtin_convertvector(b >> 4, F); }
+#endif
+};
 
 // Everything a tile needs, fixed for the call.
 struct Problem {
@@ -75,7 +129,7 @@ struct Problem {
   const float* scales;  // [N, G]
   const float* zeros;   // [N, G]
   int64_t M, K, N, G, g, row_bytes;
-  int64_t chunks;       // vector chunks per group (16 columns for w4, 8 for w8); the rest of
+  int64_t chunks;       // vector chunks per group (2L columns for w4, L for w8); the rest of
                         // each group (g - chunks * width columns) is the scalar tail
 };
 
@@ -90,15 +144,17 @@ struct Prefetch {
   const uint8_t* at;  // nullptr: no prefetching in this pass
   int64_t step;       // bytes per chunk iteration, so the rows' bytes are covered once
   inline void operator()(int64_t iteration) const {
-    if (at) __builtin_prefetch(at + iteration * step);
+    // One prefetch per 64-byte line: with 16 lanes an iteration can cover two.
+    if (at)
+      for (int64_t b = 0; b < step; b += 64) __builtin_prefetch(at + iteration * step + b);
   }
 };
 
 // ---- 4-bit -----------------------------------------------------------------------------
-// A 16-column chunk is 8 bytes: widened to 8 lanes, (b & 15) holds columns 0,2,..,14 and
-// (b >> 4) columns 1,3,..,15. So x is rearranged once per call to match: within each chunk,
-// the 8 even columns, then the 8 odd ones. The tail columns of a group keep their place.
-constexpr int64_t kW4Chunk = 16;
+// A 2L-column chunk is L bytes: widened to L lanes, (b & 15) holds columns 0,2,..,2L-2 and
+// (b >> 4) columns 1,3,..,2L-1. So x is rearranged once per call to match: within each
+// chunk, the L even columns, then the L odd ones. The tail columns of a group keep their
+// place.
 
 inline float w4_value(const uint8_t* row, int64_t k) {
   const uint8_t b = row[k >> 1];
@@ -108,36 +164,40 @@ inline float w4_value(const uint8_t* row, int64_t k) {
 // Output rows n0..n0+R-1 times input rows m0..m0+MB-1. Per group, one accumulator per
 // (output, input) pair, R * MB of them in registers (R * MB >= 8 keeps enough independent
 // FMA chains in flight), folded into the running total with the group's scale.
-template <int R, int MB>
+template <int L, int R, int MB>
 inline void w4_tile(const Problem& p, float* __restrict y, int64_t m0, int64_t n0,
                     Prefetch prefetch) {
-  vf8 total[R][MB];
+  typedef Lanes<L> V;
+  typedef typename V::F vf;
+  typedef typename V::I vi;
+  constexpr int64_t kW4Chunk = 2 * L;
+  vf total[R][MB];
   float tail[R][MB], zterm[R][MB];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-    for (int j = 0; j < MB; ++j) total[r][j] = splat(0), tail[r][j] = 0, zterm[r][j] = 0;
+    for (int j = 0; j < MB; ++j) total[r][j] = V::splat(0), tail[r][j] = 0, zterm[r][j] = 0;
   const int64_t tail_begin = p.chunks * kW4Chunk;
   for (int64_t gi = 0; gi < p.G; ++gi) {
     const int64_t k0 = gi * p.g;
-    vf8 acc[R][MB];
+    vf acc[R][MB];
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-      for (int j = 0; j < MB; ++j) acc[r][j] = splat(0);
+      for (int j = 0; j < MB; ++j) acc[r][j] = V::splat(0);
     for (int64_t c = 0; c < p.chunks; ++c) {
       const int64_t k = k0 + c * kW4Chunk;
       prefetch(gi * p.chunks + c);
-      vf8 xe[MB], xo[MB];
+      vf xe[MB], xo[MB];
 #pragma GCC unroll 16
       for (int j = 0; j < MB; ++j) {
-        xe[j] = load8(p.x + (m0 + j) * p.K + k);
-        xo[j] = load8(p.x + (m0 + j) * p.K + k + 8);
+        xe[j] = V::load(p.x + (m0 + j) * p.K + k);
+        xo[j] = V::load(p.x + (m0 + j) * p.K + k + L);
       }
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
-        const vi8 b = widen8(p.qw + (n0 + r) * p.row_bytes + (k >> 1));
-        const vf8 lo = to_float(b & 15), hi = to_float(b >> 4);
+        const vi b = V::widen(p.qw + (n0 + r) * p.row_bytes + (k >> 1));
+        const vf lo = V::low_nibbles(b), hi = V::high_nibbles(b);
 #pragma GCC unroll 16
         for (int j = 0; j < MB; ++j) {
           acc[r][j] += lo * xe[j];
@@ -151,7 +211,7 @@ inline void w4_tile(const Problem& p, float* __restrict y, int64_t m0, int64_t n
       const uint8_t* row = p.qw + (n0 + r) * p.row_bytes;
 #pragma GCC unroll 16
       for (int j = 0; j < MB; ++j) {
-        total[r][j] += splat(s) * acc[r][j];
+        total[r][j] += V::splat(s) * acc[r][j];
         if (tail_begin < p.g) {
           const float* xr = p.x + (m0 + j) * p.K;
           float t = 0;
@@ -166,38 +226,39 @@ inline void w4_tile(const Problem& p, float* __restrict y, int64_t m0, int64_t n
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
     for (int j = 0; j < MB; ++j)
-      y[(m0 + j) * p.N + n0 + r] = (hsum(total[r][j]) + tail[r][j]) - zterm[r][j];
+      y[(m0 + j) * p.N + n0 + r] = (V::hsum(total[r][j]) + tail[r][j]) - zterm[r][j];
 }
 
 // ---- 8-bit -----------------------------------------------------------------------------
-constexpr int64_t kW8Chunk = 8;
-
-template <int R, int MB>
+template <int L, int R, int MB>
 inline void w8_tile(const Problem& p, float* __restrict y, int64_t m0, int64_t n0,
                     Prefetch prefetch) {
-  vf8 total[R][MB];
+  typedef Lanes<L> V;
+  typedef typename V::F vf;
+  constexpr int64_t kW8Chunk = L;
+  vf total[R][MB];
   float tail[R][MB], zterm[R][MB];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-    for (int j = 0; j < MB; ++j) total[r][j] = splat(0), tail[r][j] = 0, zterm[r][j] = 0;
+    for (int j = 0; j < MB; ++j) total[r][j] = V::splat(0), tail[r][j] = 0, zterm[r][j] = 0;
   const int64_t tail_begin = p.chunks * kW8Chunk;
   for (int64_t gi = 0; gi < p.G; ++gi) {
     const int64_t k0 = gi * p.g;
-    vf8 acc[R][MB];
+    vf acc[R][MB];
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-      for (int j = 0; j < MB; ++j) acc[r][j] = splat(0);
+      for (int j = 0; j < MB; ++j) acc[r][j] = V::splat(0);
     for (int64_t c = 0; c < p.chunks; ++c) {
       const int64_t k = k0 + c * kW8Chunk;
       prefetch(gi * p.chunks + c);
-      vf8 xv[MB];
+      vf xv[MB];
 #pragma GCC unroll 16
-      for (int j = 0; j < MB; ++j) xv[j] = load8(p.x + (m0 + j) * p.K + k);
+      for (int j = 0; j < MB; ++j) xv[j] = V::load(p.x + (m0 + j) * p.K + k);
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
-        const vf8 u = to_float(widen8(p.qw + (n0 + r) * p.row_bytes + k));
+        const vf u = __builtin_convertvector(V::widen(p.qw + (n0 + r) * p.row_bytes + k), vf);
 #pragma GCC unroll 16
         for (int j = 0; j < MB; ++j) acc[r][j] += u * xv[j];
       }
@@ -208,7 +269,7 @@ inline void w8_tile(const Problem& p, float* __restrict y, int64_t m0, int64_t n
       const uint8_t* row = p.qw + (n0 + r) * p.row_bytes;
 #pragma GCC unroll 16
       for (int j = 0; j < MB; ++j) {
-        total[r][j] += splat(s) * acc[r][j];
+        total[r][j] += V::splat(s) * acc[r][j];
         if (tail_begin < p.g) {
           const float* xr = p.x + (m0 + j) * p.K;
           float t = 0;
@@ -224,7 +285,7 @@ inline void w8_tile(const Problem& p, float* __restrict y, int64_t m0, int64_t n
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
     for (int j = 0; j < MB; ++j)
-      y[(m0 + j) * p.N + n0 + r] = (hsum(total[r][j]) + tail[r][j]) - zterm[r][j];
+      y[(m0 + j) * p.N + n0 + r] = (V::hsum(total[r][j]) + tail[r][j]) - zterm[r][j];
 }
 
 // ---- driver ----------------------------------------------------------------------------
@@ -243,30 +304,30 @@ inline Prefetch ahead(const Problem& p, int64_t n0, int64_t rows) {
 // w4, 1 for w8) few spills from AVX2's 16 registers. We measured fewer chains (T = 1) to be
 // slower than a spill or two. Each tile widens its weights once for all MB rows. The first
 // pass over these outputs (m = 0) prefetches further ones.
-template <int R, int MB, bool W4>
+template <int L, int R, int MB, bool W4>
 inline void pass(const Problem& p, float* y, int64_t m, int64_t n0) {
   constexpr int T = R == 1 ? 1 : MB == 1 ? 8 : MB <= 3 ? 4 : MB <= 6 ? 2 : 1;
   for (int h = 0; h < R; h += T) {
     const Prefetch pf = m == 0 ? ahead(p, n0 + h, T) : Prefetch{nullptr, 0};
-    W4 ? w4_tile<T, MB>(p, y, m, n0 + h, pf) : w8_tile<T, MB>(p, y, m, n0 + h, pf);
+    W4 ? w4_tile<L, T, MB>(p, y, m, n0 + h, pf) : w8_tile<L, T, MB>(p, y, m, n0 + h, pf);
   }
 }
 
 // All M rows against outputs n0..n0+R-1, in passes of up to 8 rows for w8 and 4 for w4
 // (whose x takes twice the registers): 5 rows widen each w8 weight once, each w4 weight
 // twice (4 + 1), and W is read from memory once either way.
-template <int R, bool W4>
+template <int L, int R, bool W4>
 inline void tile_all_rows(const Problem& p, float* y, int64_t n0) {
   constexpr int64_t kRowsPerPass = W4 ? 4 : 8;
   for (int64_t m = 0; m < p.M; m += kRowsPerPass) switch (std::min(p.M - m, kRowsPerPass)) {
-      case 1: pass<R, 1, W4>(p, y, m, n0); break;
-      case 2: pass<R, 2, W4>(p, y, m, n0); break;
-      case 3: pass<R, 3, W4>(p, y, m, n0); break;
-      case 4: pass<R, 4, W4>(p, y, m, n0); break;
-      case 5: pass<R, 5, W4>(p, y, m, n0); break;
-      case 6: pass<R, 6, W4>(p, y, m, n0); break;
-      case 7: pass<R, 7, W4>(p, y, m, n0); break;
-      default: pass<R, 8, W4>(p, y, m, n0); break;
+      case 1: pass<L, R, 1, W4>(p, y, m, n0); break;
+      case 2: pass<L, R, 2, W4>(p, y, m, n0); break;
+      case 3: pass<L, R, 3, W4>(p, y, m, n0); break;
+      case 4: pass<L, R, 4, W4>(p, y, m, n0); break;
+      case 5: pass<L, R, 5, W4>(p, y, m, n0); break;
+      case 6: pass<L, R, 6, W4>(p, y, m, n0); break;
+      case 7: pass<L, R, 7, W4>(p, y, m, n0); break;
+      default: pass<L, R, 8, W4>(p, y, m, n0); break;
     }
 }
 
@@ -310,8 +371,11 @@ torch::Tensor run(const char* fn, torch::Tensor x, torch::Tensor qweight, torch:
   x = x.contiguous();
   const int64_t K = x.size(-1), M = x.numel() / K, N = qweight.size(0), g = group_size,
                 G = K / g;
-  // A w4 chunk must start on a byte: with an odd g, groups after the first do not.
-  const int64_t width = w4 ? kW4Chunk : kW8Chunk;
+  // Lanes per chunk: 16 where the build has AVX-512 and whole chunks tile each group, else 8.
+  // (A w4 chunk must also start on a byte: with an odd g, groups after the first do not.)
+  const bool wide = kHave16Lanes && g % (w4 ? 32 : 16) == 0;
+  const int64_t L = wide ? 16 : 8;
+  const int64_t width = w4 ? 2 * L : L;
   const int64_t chunks = (w4 && g % 2) ? 0 : g / width;
 
   // Per call, O(M K): x rearranged for the w4 chunks, and Σ x of each group of each row.
@@ -326,9 +390,9 @@ torch::Tensor run(const char* fn, torch::Tensor x, torch::Tensor qweight, torch:
       xsum[m * G + gi] = s;
       if (w4)
         for (int64_t c = 0; c < chunks; ++c)
-          for (int64_t i = 0; i < 8; ++i) {
-            dst[c * 16 + i] = src[c * 16 + 2 * i];
-            dst[c * 16 + 8 + i] = src[c * 16 + 2 * i + 1];
+          for (int64_t i = 0; i < L; ++i) {
+            dst[c * width + i] = src[c * width + 2 * i];
+            dst[c * width + L + i] = src[c * width + 2 * i + 1];
           }
     }
 
@@ -342,15 +406,72 @@ torch::Tensor run(const char* fn, torch::Tensor x, torch::Tensor qweight, torch:
   const int64_t tiles = N / R;
   // Grain: 8 tiles = 64 outputs, 18 KB of w4 at K = 576: enough work per task.
   at::parallel_for(0, tiles, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t)
-      w4 ? tile_all_rows<R, true>(p, yp, t * R) : tile_all_rows<R, false>(p, yp, t * R);
+    for (int64_t t = begin; t < end; ++t) {
+      if (wide)
+        w4 ? tile_all_rows<16, R, true>(p, yp, t * R) : tile_all_rows<16, R, false>(p, yp, t * R);
+      else
+        w4 ? tile_all_rows<8, R, true>(p, yp, t * R) : tile_all_rows<8, R, false>(p, yp, t * R);
+    }
   });
-  for (int64_t n = tiles * R; n < N; ++n)
-    w4 ? tile_all_rows<1, true>(p, yp, n) : tile_all_rows<1, false>(p, yp, n);
+  for (int64_t n = tiles * R; n < N; ++n) {
+    if (wide)
+      w4 ? tile_all_rows<16, 1, true>(p, yp, n) : tile_all_rows<16, 1, false>(p, yp, n);
+    else
+      w4 ? tile_all_rows<8, 1, true>(p, yp, n) : tile_all_rows<8, 1, false>(p, yp, n);
+  }
   return y;
 }
 
+// Ŵ [N, K] fp32 from the packed layout, for products with more rows than the kernels take
+// (prefill, a large batch: compute-bound, so a BLAS GEMM on the float matrix is the better
+// path). Each element is (u - z) * s, one subtraction and one multiplication in fp32, as in
+// packing.dequantize_packed: the same bits, written in one pass over W instead of the
+// several full-size temporaries that PyTorch's elementwise version allocates.
+torch::Tensor dequantize(const char* fn, const torch::Tensor& qweight, const torch::Tensor& scales,
+                         const torch::Tensor& zeros, bool w4) {
+  TORCH_CHECK(qweight.device().is_cpu() && scales.device().is_cpu() && zeros.device().is_cpu(),
+              fn, ": CPU tensors only");
+  TORCH_CHECK(qweight.scalar_type() == torch::kByte && qweight.dim() == 2 &&
+                  qweight.is_contiguous(),
+              fn, ": qweight must be contiguous uint8 [N, K / values per byte]");
+  TORCH_CHECK(scales.scalar_type() == torch::kFloat && zeros.scalar_type() == torch::kFloat &&
+                  scales.dim() == 2 && scales.sizes() == zeros.sizes() &&
+                  scales.is_contiguous() && zeros.is_contiguous(),
+              fn, ": scales and zeros must be contiguous float32 [N, G] of the same shape");
+  const int64_t N = qweight.size(0), K = qweight.size(1) * (w4 ? 2 : 1), G = scales.size(1);
+  TORCH_CHECK(scales.size(0) == N && G > 0 && K % G == 0, fn, ": scales are ",
+              scales.sizes(), " for a weight of ", N, " x ", K, " (G must divide K)");
+  const int64_t g = K / G;
+  auto w = torch::empty({N, K}, scales.options());
+  const uint8_t* qp = qweight.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* zp = zeros.data_ptr<float>();
+  float* wp = w.data_ptr<float>();
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const uint8_t* q = qp + n * qweight.size(1);
+      float* out = wp + n * K;
+      for (int64_t gi = 0; gi < G; ++gi) {
+        const float s = sp[n * G + gi], z = zp[n * G + gi];
+        for (int64_t k = gi * g; k < (gi + 1) * g; ++k) {
+          const uint8_t u = w4 ? ((k & 1) ? q[k >> 1] >> 4 : q[k >> 1] & 15) : q[k];
+          out[k] = (static_cast<float>(u) - z) * s;
+        }
+      }
+    }
+  });
+  return w;
+}
+
 }  // namespace
+
+torch::Tensor w4_dequantize(torch::Tensor qweight, torch::Tensor scales, torch::Tensor zeros) {
+  return dequantize("w4_dequantize", qweight, scales, zeros, true);
+}
+
+torch::Tensor w8_dequantize(torch::Tensor qweight, torch::Tensor scales, torch::Tensor zeros) {
+  return dequantize("w8_dequantize", qweight, scales, zeros, false);
+}
 
 // Entry points: x fp32 [..., K] with 1..16 rows, y fp32 [..., N].
 torch::Tensor w4_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor scales,
@@ -363,9 +484,25 @@ torch::Tensor w8_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor sc
   return run("w8_linear", x, qweight, scales, zeros, group_size, false);
 }
 
+// The same two products as PyTorch operators, minillm_cpu::w4_linear / w8_linear, for
+// torch.compile: a graph calls them through the dispatcher straight into C++ (~2 µs a call),
+// where a Python custom op costs ~9 µs, and a decode step makes 120 of these calls. Their
+// shape functions (fake kernels) are registered from Python (cpu_kernels.load_kernel).
+TORCH_LIBRARY_FRAGMENT(minillm_cpu, m) {
+  m.def("w4_linear(Tensor x, Tensor qweight, Tensor scales, Tensor zeros, int group_size) -> Tensor");
+  m.def("w8_linear(Tensor x, Tensor qweight, Tensor scales, Tensor zeros, int group_size) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(minillm_cpu, CPU, m) {
+  m.impl("w4_linear", &w4_linear);
+  m.impl("w8_linear", &w8_linear);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("w4_linear", &w4_linear,
         "y = x W^T for 1..16 fp32 rows, W stored 4 bits per value (packing.py layout)");
   m.def("w8_linear", &w8_linear,
         "y = x W^T for 1..16 fp32 rows, W stored 8 bits per value (packing.py layout)");
+  m.def("w4_dequantize", &w4_dequantize, "W [N, K] fp32 from 4-bit storage (packing.py)");
+  m.def("w8_dequantize", &w8_dequantize, "W [N, K] fp32 from 8-bit storage (packing.py)");
 }
