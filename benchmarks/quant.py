@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -33,8 +32,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import minillm  # noqa: E402
-from minillm import quant  # noqa: E402
+from minillm import quant, timing  # noqa: E402
 from minillm.gguf_loader import find_model_path  # noqa: E402
+from minillm.devices import device_name  # noqa: E402
 from minillm.perf import measure_bandwidth  # noqa: E402
 
 RESULTS = Path(__file__).with_name("results") / "quant.json"
@@ -43,16 +43,8 @@ TABLE = [("w8 per-channel", 8, None), ("w4 g64", 4, 64), ("w3 g64", 3, 64)]
 
 
 def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "date": date.today().isoformat()}
+    return {"cpu": device_name("cpu"), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "date": date.today().isoformat()}
 
 
 def save(key: str, value) -> None:
@@ -109,11 +101,11 @@ def decode_times(model, ids, n, compile):
 
 
 def decode_tps(rounds, n):
-    """(best, median) decode tok/s over rounds of (t1, tn). The best is built from the best
-    of each time, not the best of the differences: a stall in one 1-token run would shrink a
-    difference towards zero and report an absurd speed."""
-    best = (n - 1) / (min(tn for _, tn in rounds) - min(t1 for t1, _ in rounds))
-    return best, statistics.median((n - 1) / (tn - t1) for t1, tn in rounds)
+    """(best, median) decode tok/s over rounds of (t1, tn): the best from the best of each
+    time (`timing.decode_tok_s`), the median of the rounds' own ratios."""
+    t_one, t_all = zip(*rounds)
+    return (timing.decode_tok_s(t_one, t_all, n),
+            statistics.median((n - 1) / (tn - t1) for t1, tn in rounds))
 
 
 def speed(model, tok, new_tokens, rounds):

@@ -49,11 +49,12 @@ def build_flags(stem: str, avx512: bool = False) -> tuple[str, list[str]]:
     return f"{stem}_{isa}", flags
 
 
-def load(stem: str, source: Path, fallback: str, avx512: bool = False):
+def load(stem: str, source: Path, fallback: str, avx512: bool = False, on_load=None):
     """The compiled extension for `source`, or None if switched off or not buildable here.
 
     `fallback` names what the caller does instead; it goes into the one warning. `avx512`:
-    see `build_flags`."""
+    see `build_flags`. `on_load(module)` runs once, right after a successful load (the
+    kernels register their operators' shape functions there)."""
     if not enabled():
         return None
     if stem not in _loaded:
@@ -69,6 +70,9 @@ def load(stem: str, source: Path, fallback: str, avx512: bool = False):
             last = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
             warnings.warn(f"minillm: could not build {source.name} ({type(e).__name__}: {last}); "
                           f"{fallback} instead", RuntimeWarning, stacklevel=3)
+        else:
+            if on_load is not None:
+                on_load(_loaded[stem])
     return _loaded[stem]
 
 

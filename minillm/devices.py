@@ -36,19 +36,25 @@ def default_dtype(device=None) -> torch.dtype:
     return torch.bfloat16 if _resolve(device).type == "cuda" else torch.float32
 
 
-def cpu_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Does this CPU do bf16 arithmetic natively (x86 ``avx512_bf16`` or AMX, Arm ``bf16``)?
-    Read from the CPU flags in ``cpuinfo`` (False where they cannot be read)."""
+def _cpuinfo_field(keys: tuple[str, ...], cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The value of the first line of ``cpuinfo`` whose key is one of ``keys`` (lower case),
+    or None where there is none or the file cannot be read (not Linux)."""
     try:
         with open(cpuinfo, encoding="utf-8") as f:
             for line in f:
-                key = line.split(":", 1)[0].strip().lower()
-                if key in ("flags", "features"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+                key, _, value = line.partition(":")
+                if key.strip().lower() in keys:
+                    return value.strip()
     except OSError:
         pass
-    return False
+    return None
+
+
+def cpu_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Does this CPU do bf16 arithmetic natively (x86 ``avx512_bf16`` or AMX, Arm ``bf16``)?
+    Read from the CPU flags in ``cpuinfo`` (False where they cannot be read)."""
+    flags = _cpuinfo_field(("flags", "features"), cpuinfo)
+    return bool(flags and set(flags.split()) & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def decode_dtype(device=None) -> torch.dtype:
@@ -77,13 +83,9 @@ def device_name(device=None) -> str:
 
 
 def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    name = _cpuinfo_field(("model name",))
+    if name:
+        return name
     if platform.system() == "Darwin":
         try:
             out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],

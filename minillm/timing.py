@@ -59,3 +59,19 @@ def time_fn(fn: Callable[[], object], warmup: int = 2, repeats: int = 10, device
             _synchronize(dev)
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def decode_tok_s(t_one, t_all, new_tokens: int) -> float:
+    """Decode tok/s with the prefill cancelled, from repeated timings of a generation of 1
+    token (`t_one`) and of `new_tokens` tokens (`t_all`): (n − 1) / (min t_all − min t_one).
+
+    Each time is taken at its best (other programs on the cores only ever add time), not the
+    best of per-round differences: a stall in one 1-token run would shrink a difference
+    towards zero and report an absurd speed. If the two still come out in the wrong order,
+    the prefill cannot be cancelled and the result is n / min t_all, a lower bound."""
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 2:
+        raise ValueError(f"new_tokens must be at least 2 to cancel the prefill, got {new_tokens!r}")
+    best_one, best_all = min(t_one), min(t_all)
+    if best_all > best_one:
+        return (new_tokens - 1) / (best_all - best_one)
+    return new_tokens / best_all

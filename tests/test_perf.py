@@ -122,3 +122,13 @@ def test_matvec_stream_counts_the_matrix_bytes(monkeypatch):
 def test_bad_matmul_size_key(cache):
     with pytest.raises(ValueError, match="matmul_n keys"):
         perf.measure_machine("cpu", matmul_n={"int8": 4})
+
+
+def test_decode_tok_s_takes_the_best_of_each_time():
+    from minillm.timing import decode_tok_s
+    # a stall in the first 1-token run: the best of each time gives 31 / (0.41 - 0.10)
+    assert decode_tok_s([0.40, 0.10, 0.11], [0.41, 0.42, 0.41], 32) == pytest.approx(100)
+    # times in the wrong order: the prefill cannot be cancelled, n / t(n) is reported
+    assert decode_tok_s([0.50], [0.40], 32) == pytest.approx(80)
+    with pytest.raises(ValueError, match="at least 2"):
+        decode_tok_s([0.1], [0.2], 1)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from minillm import generate, quant
+from minillm import generate, quant, timing
 from minillm.quant.quantize import PROJECTIONS, projections
 
 __all__ = ["QuantResult", "QuantRuns", "decode_tok_s", "activation_maxima", "projection_input",
@@ -79,26 +79,20 @@ def default_cache_path() -> Path:
 
 
 def decode_tok_s(model, ids, new_tokens: int = 32, repeats: int = 3) -> float:
-    """Batch-1 decode tok/s with the prefill cancelled: (n − 1) / (t(n tokens) − t(1 token)).
-
-    Each of the two times is the best of `repeats` (other programs on the cores only ever add
-    time). Taking the best of each, not the best of their differences, matters: a stall in one
-    1-token run would shrink a difference towards zero and report an absurd speed. If the two
-    still come out in the wrong order, the prefill cannot be cancelled and the result is
-    n / t(n tokens), a lower bound."""
-    if new_tokens < 2:
+    """Batch-1 decode tok/s with the prefill cancelled (`minillm.timing.decode_tok_s`, from
+    the best of `repeats` timings of 1 and of `new_tokens` tokens)."""
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 2:
         raise ValueError(f"new_tokens must be at least 2 to cancel the prefill, got {new_tokens!r}")
-    t_one = t_all = float("inf")
+    t_one, t_all = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
         generate(model, ids, 1, ignore_eos=True)
         t1 = time.perf_counter()
         generate(model, ids, new_tokens, ignore_eos=True)
         t2 = time.perf_counter()
-        t_one, t_all = min(t_one, t1 - t0), min(t_all, t2 - t1)
-    if t_all > t_one:
-        return (new_tokens - 1) / (t_all - t_one)
-    return new_tokens / t_all
+        t_one.append(t1 - t0)
+        t_all.append(t2 - t1)
+    return timing.decode_tok_s(t_one, t_all, new_tokens)
 
 
 def _fingerprint(model) -> str:

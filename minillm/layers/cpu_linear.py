@@ -46,22 +46,15 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 def load_kernel():
     """The compiled extension, or None if switched off or not buildable here (warns once).
     Loading it also defines the operator `minillm_cpu::small_m_linear`."""
-    kernel = cpp_extension.load("minillm_small_m_linear_cpu", SOURCE,
-                                "Linear uses torch.nn.functional.linear for every row count")
-    if kernel is not None and not _fake_registered:
-        _register_fake()
-    return kernel
+    return cpp_extension.load("minillm_small_m_linear_cpu", SOURCE,
+                              "Linear uses torch.nn.functional.linear for every row count",
+                              on_load=_register_fake)
 
 
-_fake_registered = False
-
-
-def _register_fake() -> None:
+def _register_fake(kernel) -> None:
     """The C++ operator's shape function, so torch.compile can trace it."""
-    global _fake_registered
     torch.library.register_fake("minillm_cpu::small_m_linear")(
         lambda x, weight: x.new_empty(x.shape[0], weight.shape[0]))
-    _fake_registered = True
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -44,25 +44,17 @@ MAX_ROWS = 16
 def load_kernel():
     """The compiled extension, or None if switched off or not buildable here (warns once).
     Loading it also defines the operators `minillm_cpu::w4_linear` / `w8_linear`."""
-    kernel = cpp_extension.load("minillm_quant_linear_cpu", SOURCE,
-                                "QuantLinear dequantizes the weight and calls "
-                                "torch.nn.functional.linear", avx512=True)
-    if kernel is not None and not _fakes_registered:
-        _register_fakes()
-    return kernel
+    return cpp_extension.load("minillm_quant_linear_cpu", SOURCE,
+                              "QuantLinear dequantizes the weight and calls "
+                              "torch.nn.functional.linear", avx512=True, on_load=_register_fakes)
 
 
-_fakes_registered = False
-
-
-def _register_fakes() -> None:
+def _register_fakes(kernel) -> None:
     """Shape functions of the C++ operators, so torch.compile can trace them."""
-    global _fakes_registered
     for name in ("minillm_cpu::w4_linear", "minillm_cpu::w8_linear"):
         torch.library.register_fake(name)(
             lambda x, qweight, scales, zeros, group_size:
             x.new_empty(*x.shape[:-1], qweight.shape[0]))
-    _fakes_registered = True
 
 
 def applies(x: torch.Tensor, qweight: torch.Tensor) -> bool:
