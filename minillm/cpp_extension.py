@@ -1,10 +1,12 @@
 """Build minillm's C++ CPU kernels on first use, or say why not and fall back.
 
-Three kernels live in C++ (each beside the module that calls it, in a `csrc/` folder):
+Four kernels live in C++ (each beside the module that calls it, in a `csrc/` folder):
 `attention/csrc/paged_decode_cpu.cpp` (decode attention read in place through the block
 table), `layers/csrc/small_m_linear_cpu.cpp` (a weight product for a few rows that streams
-the weight once) and `quant/csrc/quant_linear_cpu.cpp` (the same for packed 4-bit and 8-bit
-weights, read without dequantizing). Each is compiled with `torch.utils.cpp_extension.load`
+the weight once), `layers/csrc/fused_glue_cpu.cpp` (RMSNorm, RoPE, SiLU·up and the residual
+adds in one pass each) and `quant/csrc/quant_linear_cpu.cpp` (the small-M product for packed
+4-bit and 8-bit weights, read without dequantizing). `csrc/vec_math.h` holds the SIMD
+helpers they share. Each is compiled with `torch.utils.cpp_extension.load`
 (a C++ compiler and `ninja`); a build takes 30–40 s once and is cached under
 ~/.cache/torch_extensions (or $TORCH_EXTENSIONS_DIR). `make setup` builds them all ahead, so
 no notebook cell waits for the compiler.
@@ -24,6 +26,7 @@ from pathlib import Path
 import torch
 
 _loaded: dict[str, object] = {}
+INCLUDE = Path(__file__).with_name("csrc")  # vec_math.h: SIMD helpers the kernels share
 
 
 def enabled() -> bool:
@@ -31,38 +34,49 @@ def enabled() -> bool:
     return os.environ.get("MINILLM_CPU_KERNEL", "1") != "0"
 
 
-def build_flags(stem: str, avx512: bool = False) -> tuple[str, list[str]]:
+def build_flags(stem: str, avx512: bool = False,
+                avx512_bf16: bool = False) -> tuple[str, list[str]]:
     """(extension name, compiler flags) for this CPU. The name carries the instruction set,
     so a cache directory shared by different machines never hands one the other's build.
 
     `avx512=True` (a kernel written for 16-lane vectors) adds AVX-512 where PyTorch reports
-    the CPU has it; the others keep AVX2, so their results do not change with the host."""
+    the CPU has it; the others keep AVX2, so their results do not change with the host.
+    `avx512_bf16=True` (a kernel with a bf16 dot-product path, `__AVX512BF16__`) adds
+    AVX-512 and its bf16 instructions where the CPU flags list `avx512_bf16`."""
+    from .devices import cpu_has_flag
+
     capability = torch.backends.cpu.get_cpu_capability()
     vector_isa = capability in ("AVX2", "AVX512")
-    wide = avx512 and capability == "AVX512"
+    dot_bf16 = avx512_bf16 and capability == "AVX512" and cpu_has_flag("avx512_bf16")
+    wide = (avx512 and capability == "AVX512") or dot_bf16
     flags = ["-O3"] + (["-mavx2", "-mfma"] if vector_isa else [])
     if wide:
         flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+    if dot_bf16:
+        flags.append("-mavx512bf16")
     if sys.platform.startswith("linux"):
         flags.append("-fopenmp")  # at::parallel_for runs on PyTorch's OpenMP threads
-    isa = "avx512" if wide else "avx2" if vector_isa else "generic"
+    isa = ("avx512bf16" if dot_bf16 else "avx512" if wide else "avx2" if vector_isa
+           else "generic")
     return f"{stem}_{isa}", flags
 
 
-def load(stem: str, source: Path, fallback: str, avx512: bool = False, on_load=None):
+def load(stem: str, source: Path, fallback: str, avx512: bool = False,
+         avx512_bf16: bool = False, on_load=None):
     """The compiled extension for `source`, or None if switched off or not buildable here.
 
     `fallback` names what the caller does instead; it goes into the one warning. `avx512`:
     see `build_flags`. `on_load(module)` runs once, right after a successful load (the
-    kernels register their operators' shape functions there)."""
+    kernels register their operators' shape functions there). `avx512_bf16`: the same."""
     if not enabled():
         return None
     if stem not in _loaded:
-        name, flags = build_flags(stem, avx512)
+        name, flags = build_flags(stem, avx512, avx512_bf16)
         try:
             from torch.utils.cpp_extension import load as cpp_load
 
             _loaded[stem] = cpp_load(name, [str(source)], extra_cflags=flags,
+                                     extra_include_paths=[str(INCLUDE)],
                                      extra_ldflags=["-fopenmp"] if "-fopenmp" in flags else [],
                                      verbose=False)
         except Exception as e:  # compiler, ninja or headers missing: keep the torch path
@@ -82,11 +96,11 @@ def main() -> None:
     import time
 
     from .attention import cpu_decode
-    from .layers import cpu_linear
+    from .layers import cpu_linear, fused
     from .quant import cpu_kernels
 
     for what, module in (("paged-decode attention", cpu_decode), ("small-M linear", cpu_linear),
-                         ("quantized (W4/W8) linear", cpu_kernels)):
+                         ("fused glue", fused), ("quantized (W4/W8) linear", cpu_kernels)):
         t0 = time.perf_counter()
         kernel = module.load_kernel()
         if kernel is None:

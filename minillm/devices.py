@@ -50,6 +50,12 @@ def _cpuinfo_field(keys: tuple[str, ...], cpuinfo: str = "/proc/cpuinfo") -> str
     return None
 
 
+def cpu_has_flag(flag: str, cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Is `flag` (as /proc/cpuinfo spells it, e.g. ``avx512_bf16``) among this CPU's flags?"""
+    flags = _cpuinfo_field(("flags", "features"), cpuinfo)
+    return bool(flags) and flag in flags.split()
+
+
 def cpu_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Does this CPU do bf16 arithmetic natively (x86 ``avx512_bf16`` or AMX, Arm ``bf16``)?
     Read from the CPU flags in ``cpuinfo`` (False where they cannot be read)."""

@@ -16,17 +16,18 @@ layer and the LM head), so quantized or sharded linears replace modules, not thi
 
 Two fusions keep batch-1 decode close to the memory roofline on a CPU: q|k|v is one matrix
 (`qkv_proj`) and gate|up is one matrix (`gate_up_proj`), so each layer does four matrix
-products instead of seven. The math is unchanged.
+products instead of seven. The math is unchanged. The elementwise glue between the products
+(RMSNorm, the residual add and the norm after it, RoPE, SiLU·up) goes through
+`minillm.layers.fused`: one C++ pass per group on a CPU, the plain PyTorch ops elsewhere.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .attention import NoCacheContext, get_backend
 from .config import ModelConfig
-from .layers import Linear, cpu_linear
+from .layers import Linear, cpu_linear, fused
 
 
 class RMSNorm(nn.Module):
@@ -36,10 +37,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # one fused call: fewer small ops per decode step
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        # Normalize in fp32 whatever the model dtype: the mean of squares overflows fp16.
-        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
+        return fused.rms_norm(x, self.weight, self.eps)
+
+    def add_forward(self, x: torch.Tensor, delta: torch.Tensor):
+        """(x + delta, self(x + delta)) in one pass where the fused C++ applies: the residual
+        add and the norm that reads the sum."""
+        return fused.add_rms_norm(x, delta, self.weight, self.eps)
 
 
 def rope_cos_sin(head_dim: int, max_positions: int, theta: float, device=None):
@@ -81,10 +84,12 @@ class Attention(nn.Module):
         c = self.config
         B, T, _ = x.shape
         heads = self.qkv_proj(x).view(B, T, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+        n = c.num_heads + c.num_kv_heads
+        if fused.rope_(heads, n, cos, sin) is not None:  # rotated in place, in one pass
+            return heads[:, :, :c.num_heads], heads[:, :, c.num_heads:n], heads[:, :, n:]
         # Rotate q and k heads in one call (fewer small ops per decode step).
-        qk = apply_rope(heads[:, :, :c.num_heads + c.num_kv_heads], cos, sin)
-        return (qk[:, :, :c.num_heads], qk[:, :, c.num_heads:],
-                heads[:, :, c.num_heads + c.num_kv_heads:])
+        qk = apply_rope(heads[:, :, :n], cos, sin)
+        return qk[:, :, :c.num_heads], qk[:, :, c.num_heads:], heads[:, :, n:]
 
     def forward(self, x, cos, sin, ctx, layer_idx: int):
         q, k, v = self.qkv(x, cos, sin)
@@ -102,9 +107,7 @@ class MLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, x):
-        gate_up = self.gate_up_proj(x)
-        gate, up = gate_up[..., :self.intermediate_size], gate_up[..., self.intermediate_size:]
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(fused.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -116,8 +119,10 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, cos, sin, ctx, layer_idx):
-        x = x + self.attn(self.input_norm(x), cos, sin, ctx, layer_idx)
-        return x + self.mlp(self.post_attention_norm(x))
+        # x + attn, then its norm, in one pass (minillm.layers.fused).
+        x, h = self.post_attention_norm.add_forward(
+            x, self.attn(self.input_norm(x), cos, sin, ctx, layer_idx))
+        return x + self.mlp(h)
 
 
 class LlamaModel(nn.Module):
@@ -252,13 +257,15 @@ class LlamaModel(nn.Module):
     def compiled_run(self):
         """`run` compiled by `torch.compile` (built once per model, then reused).
 
-        Why: a batch-1 decode step is ~40 small ops per layer around 4 matrix-vector
-        products, and on a CPU each small op costs several microseconds of dispatch, so
-        at 30 layers the glue costs about a third of the step. Inductor fuses the glue
-        (RMSNorm, RoPE, SiLU*up, residuals) into a few generated kernels and leaves the
-        matmuls to BLAS. The math is unchanged; tests compare its tokens and logits with
-        eager. The first call compiles (~30-70 s for SmolLM2 on 2 cores; cached on disk
-        by torch afterwards). dynamic=True: one graph serves every position and cache size.
+        Why: a batch-1 decode step still runs many small ops per layer around 4 matrix-vector
+        products even with the fused glue (views, slices, the cache write, attention), and
+        on a CPU each op costs microseconds of dispatch. The compiled step is one graph:
+        Inductor fuses the glue into a few generated loops and calls the weight products'
+        kernels directly (`benchmarks/decode_profile.py` shows where the time goes). The
+        math is unchanged; tests compare its tokens and logits with eager. The first call
+        compiles (~40 s for SmolLM2 on 2 cores; 13-15 s in a later process, from Inductor's
+        on-disk cache: `benchmarks/compile_cache.py`). dynamic=True: one graph serves every
+        position and cache size.
         """
         if getattr(self.attn_backend, "name", None) == "triton":
             from .kernels import interpreter_enabled
@@ -269,6 +276,7 @@ class LlamaModel(nn.Module):
                                  "or run the Triton backend eagerly")
         if self._compiled_run is None:
             cpu_linear.load_kernel()  # build it (once) now: a build inside a trace breaks the graph
+            fused.load_kernel()  # (the trace runs the plain ops; eager calls use the C++)
             self._compiled_run = torch.compile(self.run, dynamic=True)
         return self._compiled_run
 
