@@ -13,7 +13,12 @@ in cache) for M rows through:
 and prints each one's time, the kernel's speedup over the faster BLAS layout, and the cost
 of M rows relative to 1 row (the "verify cost" of speculative decoding, for the products).
 
+--dtype bfloat16 runs the same in bf16 (x and W; the kernel's bf16 path, which uses the
+bf16 dot-product instruction where the CPU has `avx512_bf16`) and writes
+results/small_m_linear_bf16.json.
+
     python benchmarks/small_m_linear.py [--rows 1 2 3 5 8 16 24 32] [--rounds 7]
+                                        [--dtype float32]
 """
 from __future__ import annotations
 
@@ -46,7 +51,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 5, 8, 16, 24, 32])
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    results = RESULTS if dtype == torch.float32 else RESULTS.with_name("small_m_linear_bf16.json")
     if cpu_linear.load_kernel() is None:
         sys.exit("the C++ small-M kernel is not available here (see the warning above)")
     c = ModelConfig.smollm2_135m()
@@ -56,20 +64,21 @@ def main():
               (c.hidden_size, c.intermediate_size, c.num_layers),
               (c.vocab_size, c.hidden_size, 1)]
     g = torch.Generator().manual_seed(0)
-    out_in = [torch.randn(n, k, generator=g) for n, k, count in shapes for _ in range(count)]
+    out_in = [torch.randn(n, k, generator=g).to(dtype) for n, k, count in shapes
+              for _ in range(count)]
     in_out = [w.t().contiguous().t() for w in out_in]
     ways = {"blas [out,in]": lambda x, w: F.linear(x, w),
             "blas [in,out]": lambda x, w: F.linear(x, w),
             "kernel": cpu_linear.small_m_linear}
     weights = {"blas [out,in]": out_in, "blas [in,out]": in_out, "kernel": out_in}
     print(f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}; "
-          f"{len(out_in)} products, {sum(w.numel() for w in out_in) * 4 / 1e6:.0f} MB of fp32 "
-          "weights per pass; median of", args.rounds, "rounds\n")
+          f"{len(out_in)} products, {sum(w.numel() * w.element_size() for w in out_in) / 1e6:.0f}"
+          f" MB of {args.dtype} weights per pass; median of", args.rounds, "rounds\n")
     print(f"{'rows':>4s}" + "".join(f"{k + ' ms':>18s}" for k in ways)
           + f"{'kernel vs BLAS':>16s}{'kernel M/1 row':>16s}{'BLAS M/1 row':>14s}")
     rows_out, base = [], {}
     for m in args.rows:
-        xs = {k: torch.randn(m, k_, generator=g) for k_ in {s[1] for s in shapes} for k in [k_]}
+        xs = {k: torch.randn(m, k, generator=g).to(dtype) for k in {s[1] for s in shapes}}
         t = {k: [] for k in ways}
         for _ in range(args.rounds + 1):  # interleaved, so drift hits all alike; first is warm-up
             for name, fn in ways.items():
@@ -81,11 +90,11 @@ def main():
         print(f"{m:4d}" + "".join(f"{v:18.1f}" for v in ms.values())
               + f"{blas / ms['kernel']:15.2f}x{ms['kernel'] / base['kernel']:16.2f}"
               f"{blas / base['blas']:14.2f}")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                   "threads": torch.get_num_threads(), "rows": rows_out},
-                                  indent=1) + "\n")
-    print(f"\nwrote {RESULTS.relative_to(Path.cwd()) if RESULTS.is_relative_to(Path.cwd()) else RESULTS}")
+    results.parent.mkdir(exist_ok=True)
+    results.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                   "threads": torch.get_num_threads(), "dtype": args.dtype,
+                                   "rows": rows_out}, indent=1) + "\n")
+    print(f"\nwrote {results.relative_to(Path.cwd()) if results.is_relative_to(Path.cwd()) else results}")
 
 
 if __name__ == "__main__":
