@@ -50,17 +50,21 @@ def _cpuinfo_field(keys: tuple[str, ...], cpuinfo: str = "/proc/cpuinfo") -> str
     return None
 
 
+def _cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    """The CPU's flags as /proc/cpuinfo spells them (x86 "flags", Arm "features"); empty
+    where they cannot be read."""
+    return set((_cpuinfo_field(("flags", "features"), cpuinfo) or "").split())
+
+
 def cpu_has_flag(flag: str, cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Is `flag` (as /proc/cpuinfo spells it, e.g. ``avx512_bf16``) among this CPU's flags?"""
-    flags = _cpuinfo_field(("flags", "features"), cpuinfo)
-    return bool(flags) and flag in flags.split()
+    return flag in _cpu_flags(cpuinfo)
 
 
 def cpu_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Does this CPU do bf16 arithmetic natively (x86 ``avx512_bf16`` or AMX, Arm ``bf16``)?
     Read from the CPU flags in ``cpuinfo`` (False where they cannot be read)."""
-    flags = _cpuinfo_field(("flags", "features"), cpuinfo)
-    return bool(flags and set(flags.split()) & {"avx512_bf16", "amx_bf16", "bf16"})
+    return bool(_cpu_flags(cpuinfo) & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def decode_dtype(device=None) -> torch.dtype:

@@ -276,7 +276,6 @@ class LlamaModel(nn.Module):
                                  "or run the Triton backend eagerly")
         if self._compiled_run is None:
             cpu_linear.load_kernel()  # build it (once) now: a build inside a trace breaks the graph
-            fused.load_kernel()  # (the trace runs the plain ops; eager calls use the C++)
             self._compiled_run = torch.compile(self.run, dynamic=True)
         return self._compiled_run
 

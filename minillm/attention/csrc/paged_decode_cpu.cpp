@@ -21,16 +21,15 @@
 #include <cmath>
 #include <vector>
 
+// minillm/csrc: vf8 (eight floats as one SIMD value) and hsum8. Plain scalar loops vectorize
+// too, but a dot product would end in a serial chain of adds, and q . k is done once per
+// (token, head).
+#include "vec_math.h"
+
 namespace {
 
-// Eight floats as one SIMD value (GCC/Clang vector extension; the compiler picks AVX, SSE or
-// scalar code for the machine it builds on). Plain scalar loops vectorize too, but a dot
-// product would end in a serial chain of adds, and q . k is done once per (token, head).
-typedef float vf8 __attribute__((vector_size(32), aligned(4)));
-
-inline float hsum(vf8 v) {
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
+using minillm::hsum8;
+using minillm::vf8;
 
 // scores[g] = q[g] . k * scale for the G query heads of one KV head; D % 8 == 0.
 inline void group_scores(const float* __restrict q, const float* __restrict k, int64_t G,
@@ -46,7 +45,7 @@ inline void group_scores(const float* __restrict q, const float* __restrict k, i
     }
     for (; d < D; d += 8)
       acc0 += *reinterpret_cast<const vf8*>(qg + d) * *reinterpret_cast<const vf8*>(k + d);
-    scores[g * stride] = hsum(acc0 + acc1) * scale;
+    scores[g * stride] = hsum8(acc0 + acc1) * scale;
   }
 }
 

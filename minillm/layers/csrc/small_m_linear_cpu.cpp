@@ -33,13 +33,15 @@
 #include <immintrin.h>
 #endif
 
+#include "vec_math.h"  // minillm/csrc: vf8, load8 (fp32), hsum8
+
 namespace {
 
-typedef float vf8 __attribute__((vector_size(32), aligned(4)));
+using minillm::hsum8;
+using minillm::load8;
+using minillm::vf8;
 typedef uint32_t vu8 __attribute__((vector_size(32), aligned(4)));
 typedef uint16_t vh8 __attribute__((vector_size(16), aligned(2)));
-
-inline vf8 load8(const float* p) { return *reinterpret_cast<const vf8*>(p); }
 
 // 8 bf16 -> 8 fp32: zero-extend each 16-bit value to 32 bits and shift it to the top half.
 inline vf8 load8(const at::BFloat16* p) {
@@ -57,10 +59,6 @@ inline float to_float(at::BFloat16 v) { return static_cast<float>(v); }
 
 // fp32 -> T: a no-op for fp32, round to nearest even for bf16 (c10::BFloat16's constructor).
 template <typename T> inline T from_float(float v) { return T(v); }
-
-inline float hsum(vf8 v) {
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
 
 // R output rows (n0..n0+R-1) times MB input rows (m0..m0+MB-1). R * MB accumulators live in
 // registers (at most 8 of AVX2's 16); each 8-float chunk of W is loaded once per call and
@@ -89,7 +87,7 @@ inline void tile(const T* __restrict x, const T* __restrict w, T* __restrict y,
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int j = 0; j < MB; ++j) {
-      float s = hsum(acc[r][j]);
+      float s = hsum8(acc[r][j]);
       for (int64_t k = K8; k < K; ++k)
         s += to_float(w[(n0 + r) * K + k]) * to_float(x[(m0 + j) * K + k]);
       y[(m0 + j) * N + n0 + r] = from_float<T>(s);
