@@ -10,88 +10,20 @@ attention they are checked against.
 * ``tiled``                  - ``naive_attention``, ``online_softmax_update``,
   ``tiled_attention``: the teaching steps and the oracle.
 
-Without a CUDA GPU the kernels run in Triton's interpreter (numpy on CPU tensors). The
-interpreter is chosen when each ``@triton.jit`` function is *defined*, and that includes
-triton's own helpers (``tl.zeros``, ``tl.max``, ``tl.sum`` ...), defined when ``triton`` is
-first imported. So this module sets ``TRITON_INTERPRET=1`` (unless the user set it) before
-importing triton. ``import torch`` alone does not import triton, but ``import
-torch._dynamo`` and ``import transformers`` do: if one of them ran first on a CPU-only
-machine, the helpers were built for the compiler and every kernel call would fail deep
-inside Triton. That case (and ``TRITON_INTERPRET=0`` on a CPU-only machine) is detected:
-importing warns, and calling a kernel raises a RuntimeError that says what to do
-(set ``TRITON_INTERPRET=1`` or import minillm first, then restart the process).
-The variable is process-wide: Triton code defined later in the same process is
-interpreted too (on a CPU-only machine it could not run otherwise).
+Set-up (``interpreter.py``): without a CUDA GPU the kernels run in Triton's CPU
+interpreter, which must be chosen before ``triton`` is imported; that module does it and
+says clearly when it came too late. Interpreter limits: fp32 (and fp16) only - no bf16
+arithmetic -, every ``tl.dot`` dim >= 16, and it is slow (timings mean nothing).
 
-Interpreter limits: fp32 (and fp16) only - no bf16 arithmetic -, every ``tl.dot`` dim
->= 16, and it is slow (timings mean nothing). On CUDA the kernels are compiled and
-autotuned; on the interpreter they use one fixed small tile configuration.
+Tiles (``tuning.py``): on CUDA each kernel launches with the tile configuration pinned for
+the GPU's architecture in ``configs/sm_XY.json`` (measured once on such a GPU); autotuning
+is something you ask for (``MINILLM_AUTOTUNE=1``), not something a first run pays. On the
+interpreter each kernel uses one fixed small tile.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-import warnings
-
-import torch
-
-_HAS_CUDA = torch.cuda.is_available()
-_TRITON_WAS_IMPORTED = "triton" in sys.modules
-_USER_SETTING = os.environ.get("TRITON_INTERPRET")
-if not _HAS_CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import triton  # noqa: E402  (must come after the environment is set)
-
-
-def interpreter_enabled() -> bool:
-    """True when ``@triton.jit`` kernels defined now run in Triton's CPU interpreter."""
-    knobs = getattr(triton, "knobs", None)
-    if knobs is not None:
-        return bool(knobs.runtime.interpret)
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
-def _triton_helpers_interpreted() -> bool:
-    """Were triton.language's own @jit helpers (tl.zeros ...) built for the interpreter?"""
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        return isinstance(triton.language.zeros, InterpretedFunction)
-    except (ImportError, AttributeError):  # another triton layout: judge by import order
-        return not (_TRITON_WAS_IMPORTED and _USER_SETTING is None)
-
-
-def _setup_problem() -> str | None:
-    if _HAS_CUDA:
-        return None
-    if not interpreter_enabled():
-        return (f"no CUDA GPU is available, so the Triton kernels must run in Triton's CPU "
-                f"interpreter, but TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} "
-                "switches it off. Unset TRITON_INTERPRET (minillm then sets it to 1 itself) or "
-                "set TRITON_INTERPRET=1, and restart the Python process.")
-    if not _triton_helpers_interpreted():
-        return ("no CUDA GPU is available and triton was imported before minillm.kernels "
-                "(torch._dynamo imports it, and so does importing a transformers model class) without TRITON_INTERPRET=1, so "
-                "triton.language was built for the GPU compiler and the CPU interpreter cannot "
-                "run these kernels. Restart the Python process and either import minillm "
-                "before anything else or set the environment variable TRITON_INTERPRET=1 "
-                "before starting Python.")
-    return None
-
-
-SETUP_PROBLEM = _setup_problem()
-if SETUP_PROBLEM is not None:
-    warnings.warn("minillm.kernels: " + SETUP_PROBLEM, RuntimeWarning, stacklevel=2)
-
-
-def require_working_setup() -> None:
-    """Raise the set-up problem found at import time, if any (called by every kernel)."""
-    if SETUP_PROBLEM is not None:
-        raise RuntimeError("minillm.kernels: " + SETUP_PROBLEM)
-
-
+from .interpreter import SETUP_PROBLEM, interpreter_enabled, require_working_setup
 from .flash_attention import flash_attention, flash_attention_varlen  # noqa: E402
 from .paged_decode import paged_decode_attention  # noqa: E402
 from .tiled import naive_attention, online_softmax_update, tiled_attention  # noqa: E402

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import interpreter_enabled, require_working_setup
+from .interpreter import interpreter_enabled, require_working_setup
 
 _GPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _CPU_DTYPES = (torch.float16, torch.float32)

@@ -7,8 +7,9 @@ algorithm and its invariants: GQA by index (K/V never repeated), causal masks bo
 aligned, a row that sees no key gives output 0 and lse -inf, fp32 accumulation, output in
 q's dtype.
 
-Tiles: on CUDA autotuned, keyed on a coarse length bucket so changing lengths do not
-re-tune; on the interpreter one fixed small tile (16 x 16, the smallest ``tl.dot`` allows).
+Tiles: on CUDA the config pinned for the GPU's architecture and the call's bucket (head
+dim, a coarse length class, causal, varlen, dtype width; see ``tuning.py``); on the
+interpreter one fixed small tile (16 x 16, the smallest ``tl.dot`` allows).
 """
 
 from __future__ import annotations
@@ -18,35 +19,33 @@ import math
 import torch
 import triton
 
-from . import interpreter_enabled
+from . import tuning
 from ._checks import _check_device_dtype, _check_heads, _check_out, _is_integer
 from .flash_attention_kernel import LOG2E, _attn_fwd_kernel
 
 __all__ = ["flash_attention", "flash_attention_varlen"]
 
-# Interpreter: one fixed small tile (the smallest tl.dot allows), no autotuning.
+# Interpreter: one fixed small tile (the smallest tl.dot allows), no search.
 CPU_BLOCK_M = 16
 CPU_BLOCK_N = 16
 
-
-def _cuda_configs():
-    configs = []
-    for bm in (64, 128):
-        for bn in (32, 64, 128):
-            for warps in (4, 8):
-                for stages in (2, 3, 4):
-                    if bm == 64 and warps == 8:
-                        continue
-                    configs.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn},
-                                                 num_warps=warps, num_stages=stages))
-    return configs
-
-
-# Autotuned once per (head_dim, causal, varlen, dtypes, coarse length bucket): keyed on a
-# bucket rather than the length, so a serving engine whose lengths change every step does
-# not re-tune on every call.
-_attn_fwd_tuned = triton.autotune(configs=_cuda_configs(),
-                                  key=["head_dim", "seqlen_bucket", "CAUSAL", "IS_VARLEN"])(_attn_fwd_kernel)
+# Tiles per bucket (head dim, a coarse query-length class, causal, varlen, dtype width):
+# a serving engine whose lengths change every step keeps its bucket (see tuning.py).
+FLASH_ATTENTION = tuning.register(tuning.Tunable(
+    name="flash_attention", fn=_attn_fwd_kernel,
+    configs=tuple(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
+                  for bm in (64, 128) for bn in (32, 64, 128) for w in (4, 8)
+                  for st in (2, 3, 4) if not (bm == 64 and w == 8)),
+    default=triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=2),
+    interpreter=triton.Config({"BLOCK_M": CPU_BLOCK_M, "BLOCK_N": CPU_BLOCK_N}, num_warps=4,
+                              num_stages=1),
+    bucket_space={"D": (16, 32, 64, 128, 256), "L": (0, 1, 2), "causal": (0, 1),
+                  "varlen": (0, 1), "dt": (16, 32)},
+    signature={"Q": "*{dt}", "K": "*{dt}", "V": "*{dt}", "Out": "*{dt}", "Lse": "*fp32",
+               "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32", "qk_scale": "fp32"},
+    constexprs=lambda b: {"IS_VARLEN": bool(b["varlen"]), "CAUSAL": bool(b["causal"]),
+                          "STORE_LSE": False, "BLOCK_D": b["D"]},
+))
 
 
 def _seqlen_bucket(max_q: int) -> int:
@@ -60,15 +59,13 @@ def _block_d(d: int) -> int:
 def _launch(q, k, v, out, lse, cu_q, cu_k, strides, hq, group, seqlen_q, seqlen_k, d,
             sm_scale, batch, max_q, varlen, causal, store_lse):
     qk_scale = sm_scale * LOG2E
-    args = (q, k, v, out, lse, cu_q, cu_k, *strides, hq, group, seqlen_q, seqlen_k, d, qk_scale,
-            _seqlen_bucket(max_q))
+    args = (q, k, v, out, lse, cu_q, cu_k, *strides, hq, group, seqlen_q, seqlen_k, d, qk_scale)
     meta = dict(IS_VARLEN=varlen, CAUSAL=causal, STORE_LSE=store_lse, BLOCK_D=_block_d(d))
-    if interpreter_enabled():
-        grid = (triton.cdiv(max_q, CPU_BLOCK_M), batch * hq)
-        _attn_fwd_kernel[grid](*args, BLOCK_M=CPU_BLOCK_M, BLOCK_N=CPU_BLOCK_N, **meta)
-    else:
-        grid = lambda m: (triton.cdiv(max_q, m["BLOCK_M"]), batch * hq)  # noqa: E731
-        _attn_fwd_tuned[grid](*args, **meta)
+    bucket = {"D": meta["BLOCK_D"], "L": _seqlen_bucket(max_q), "causal": int(causal),
+              "varlen": int(varlen), "dt": tuning.dtype_bits(q.dtype)}
+    FLASH_ATTENTION.run(bucket, lambda cfg: _attn_fwd_kernel[
+        (triton.cdiv(max_q, cfg.kwargs["BLOCK_M"]), batch * hq)](
+        *args, **meta, **tuning.launch_options(cfg)), q.device)
 
 
 # ----------------------------------------------------------------------------- public API

@@ -76,11 +76,10 @@ def _attn_fwd_kernel(
     stride_vb, stride_vh, stride_vt, stride_vd,
     stride_ob, stride_oh, stride_ot, stride_od,
     stride_lb, stride_lh, stride_lt,
-    num_q_heads, group, seqlen_q, seqlen_k, head_dim, qk_scale, seqlen_bucket,
+    num_q_heads, group, seqlen_q, seqlen_k, head_dim, qk_scale,
     IS_VARLEN: tl.constexpr, CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    # seqlen_bucket is unused here: it only keys the autotuner (see flash_attention._launch).
     # grid: (query tiles, batch * query heads). For varlen, "batch" is the sequence index
     # and the batch strides are 0: a sequence starts at token cu_seqlens[b].
     pid_m = tl.program_id(0)

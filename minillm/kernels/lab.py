@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreter_enabled, require_working_setup
+from .interpreter import interpreter_enabled, require_working_setup
 
 __all__ = ["flash_attention_lab", "LAB_BLOCK_M", "LAB_BLOCK_N", "is_triton_function"]
 

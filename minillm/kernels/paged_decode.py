@@ -30,12 +30,14 @@ Design:
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import torch
 import triton
 import triton.language as tl
 
-from . import interpreter_enabled
+from . import tuning
+from .interpreter import interpreter_enabled
 from ._checks import _check_device_dtype, _check_heads, _check_out, _is_integer
 from .flash_attention import _block_d
 from .flash_attention_kernel import LOG2E
@@ -137,17 +139,30 @@ def _combine_splits_kernel(
              out.to(Out.dtype.element_ty), mask=d_mask)
 
 
-_paged_decode_tuned = triton.autotune(
-    configs=[triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
-             for bn in (32, 64, 128) for w in (2, 4) for st in (2, 3)],
-    key=["head_dim", "group", "STORE_LSE"],
-)(_paged_decode_kernel)
+# Tiles: BLOCK_N keys per step; the bucket is the kernel's shape class (see tuning.py).
+PAGED_DECODE = tuning.register(tuning.Tunable(
+    name="paged_decode", fn=_paged_decode_kernel,
+    configs=tuple(triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
+                  for bn in (32, 64, 128) for w in (2, 4) for st in (2, 3)),
+    default=triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=2),
+    interpreter=triton.Config({"BLOCK_N": CPU_BLOCK_N}, num_warps=4, num_stages=1),
+    bucket_space={"D": (16, 32, 64, 128, 256), "H": (16, 32, 64, 128), "dt": (16, 32),
+                  "lse": (0, 1)},
+    signature={"Q": "*{dt}", "KC": "*{dt}", "VC": "*{dt}", "BlockTables": "*i32",
+               "ContextLens": "*i32", "Out": "*fp32", "Lse": "*fp32", "qk_scale": "fp32"},
+    constexprs=lambda b: {"STORE_LSE": bool(b["lse"]), "BLOCK_H": b["H"], "BLOCK_D": b["D"]},
+))
+
+
+@lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _default_num_splits(batch: int, hkv: int, max_tokens: int) -> int:
     if interpreter_enabled():
         return 1  # more programs only cost time in the interpreter
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    sms = _sm_count(torch.device("cuda", torch.cuda.current_device()))
     want = triton.cdiv(2 * sms, batch * hkv)  # about two waves of programs
     return max(1, min(want, triton.cdiv(max_tokens, 256)))  # splits of >= 256 tokens
 
@@ -251,11 +266,11 @@ def paged_decode_attention(
             *p_strides, *l_strides, group, block_size, tokens_per_split, d, sm_scale * LOG2E)
     meta = dict(STORE_LSE=num_splits > 1, BLOCK_H=max(16, triton.next_power_of_2(group)),
                 BLOCK_D=_block_d(d))
+    bucket = {"D": meta["BLOCK_D"], "H": min(meta["BLOCK_H"], 128),
+              "dt": tuning.dtype_bits(q.dtype), "lse": int(meta["STORE_LSE"])}
     grid = (bsz, hkv, num_splits)
-    if interpreter_enabled():
-        _paged_decode_kernel[grid](*args, BLOCK_N=CPU_BLOCK_N, **meta)
-    else:
-        _paged_decode_tuned[grid](*args, **meta)
+    PAGED_DECODE.run(bucket, lambda cfg: _paged_decode_kernel[grid](
+        *args, **meta, **tuning.launch_options(cfg)), q.device)
 
     if num_splits > 1:
         _combine_splits_kernel[(bsz, hq)](

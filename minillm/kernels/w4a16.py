@@ -62,7 +62,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreter_enabled
+from .interpreter import interpreter_enabled
 from ._checks import _check_device_dtype
 
 __all__ = ["w4a16_linear"]

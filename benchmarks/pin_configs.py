@@ -1,0 +1,236 @@
+"""Write and check the pinned Triton configs (``minillm/kernels/configs/sm_XY.json``).
+
+    python benchmarks/pin_configs.py --check              # every bucket pinned, each compiles
+    python benchmarks/pin_configs.py --merge tuned.json   # a GPU run's measurements, then --fill
+    python benchmarks/pin_configs.py --fill               # pin every bucket nothing measured
+
+No GPU is needed: configs are compiled ahead of time for each architecture with Triton's
+bundled ptxas (as ``triton_compile_sweep.py`` does), and a config fits when the shared
+memory it needs is within the architecture's per-block limit.
+
+Sources, written into each entry (``minillm.kernels.tuning`` explains the files):
+
+* ``measured: <GPU>, <date>, triton <v>`` - chosen by timing every candidate on that GPU
+  (``gpu_check.py --autotune`` writes these; ``--merge`` takes its ``tuned`` file).
+* ``nearest measured: <bucket>`` - a bucket nothing measured takes the config of the
+  nearest measured bucket of the same kernel (same dtype width and head dim first; on
+  sm_80 the sm_90 measurements count too) that fits this architecture.
+* ``default`` - nothing measured fits: the kernel's default config.
+
+``--fill`` replaces every entry that is not measured, so carried-over configs follow new
+measurements. ``--check`` exits 1 if a bucket has no entry, an entry is not one of the
+kernel's candidates (or its default), or a config fails to compile or does not fit.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+os.environ["TRITON_INTERPRET"] = "0"
+torch.cuda.is_available = lambda: True  # define the kernels as compiled, not interpreted
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource, compile as triton_compile  # noqa: E402
+
+from minillm.kernels import tuning  # noqa: E402
+
+SHARED_BYTES = {90: 232448, 89: 101376, 86: 101376, 80: 166912, 75: 65536}  # per block, max
+DTYPES = {16: "bf16", 32: "fp32"}
+_compiled: dict = {}
+
+
+def shared_bytes(t: tuning.Tunable, bucket: dict, cfg, arch: int) -> int:
+    """Shared memory of ``cfg`` for ``bucket`` compiled for ``arch`` (raises if it fails)."""
+    consts = {**t.constexprs(bucket), **cfg.kwargs}
+    key = (t.name, arch, tuple(sorted(consts.items())), bucket.get("dt", 16), cfg.num_warps,
+           cfg.num_stages)
+    if key not in _compiled:
+        dt = DTYPES[bucket.get("dt", 16)]
+        types = {n: v.format(dt=dt) for n, v in t.signature.items()}
+        sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in t.fn.arg_names}
+        kernel = triton_compile(ASTSource(t.fn, sig, consts), target=GPUTarget("cuda", arch, 32),
+                                options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        _compiled[key] = kernel.metadata.shared
+    return _compiled[key]
+
+
+def _compile_job(job):
+    name, bucket, cfg_dict, arch = job
+    t = tuning.tunables()[name]
+    try:
+        return job, shared_bytes(t, bucket, tuning.config_from_dict(cfg_dict), arch), None
+    except Exception as e:  # noqa: BLE001  (reported by the caller)
+        return job, None, f"{type(e).__name__}: {str(e)[:200]}"
+
+
+def precompile(jobs: list[tuple]) -> dict:
+    """Compile (kernel name, bucket, config dict, arch) jobs on every core; returns
+    {job index: (shared bytes or None, error or None)} and fills the cache."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    results = {}
+    with ProcessPoolExecutor(max(1, os.cpu_count() or 1),
+                             mp_context=multiprocessing.get_context("fork")) as pool:
+        for i, (job, shared, error) in enumerate(pool.map(_compile_job, jobs)):
+            results[i] = (shared, error)
+            if shared is not None:
+                name, bucket, cfg_dict, arch = job
+                t, cfg = tuning.tunables()[name], tuning.config_from_dict(cfg_dict)
+                consts = {**t.constexprs(bucket), **cfg.kwargs}
+                _compiled[(name, arch, tuple(sorted(consts.items())), bucket.get("dt", 16),
+                           cfg.num_warps, cfg.num_stages)] = shared
+    return results
+
+
+def fits(t, bucket, cfg, arch) -> bool:
+    try:
+        return shared_bytes(t, bucket, cfg, arch) <= SHARED_BYTES[arch]
+    except Exception:  # noqa: BLE001  (a config that does not compile does not fit)
+        return False
+
+
+def load(arch: int) -> dict:
+    path = tuning.config_path(arch)
+    return (json.loads(path.read_text()) if path.exists()
+            else {"arch": f"sm_{arch}", "kernels": {}})
+
+
+def measured_entries(tables: dict, name: str, arch: int) -> list[tuple[dict, dict]]:
+    """(bucket, entry) of every measured entry that may serve ``arch``: its own, and for an
+    older architecture the newer ones' too (checked to fit before use)."""
+    out = []
+    for a in sorted(tables, key=lambda a: (a != arch, -a)):
+        if a == arch or a > arch:
+            for key, entry in tables[a]["kernels"].get(name, {}).items():
+                if entry.get("source", "").startswith("measured"):
+                    out.append((tuning.parse_bucket_key(key), entry))
+    return out
+
+
+def distance(a: dict, b: dict) -> tuple:
+    """Same dtype width first, then same head dim, then fewest other differences."""
+    return (a.get("dt") != b.get("dt"), a.get("D") != b.get("D"),
+            sum(a[k] != b.get(k) for k in a))
+
+
+def fill(tables: dict, arch: int) -> int:
+    """Pin every bucket of ``arch`` that has no measured entry; returns how many."""
+    kernels = tables[arch]["kernels"]
+    count = 0
+    for name, t in tuning.tunables().items():
+        entries = kernels.setdefault(name, {})
+        candidates = measured_entries(tables, name, arch)
+        for bucket in t.buckets():
+            key = tuning.bucket_key(bucket)
+            if entries.get(key, {}).get("source", "").startswith("measured"):
+                continue
+            entry = None
+            for other, measured in sorted(candidates, key=lambda c: distance(bucket, c[0])):
+                cfg = tuning.config_from_dict(measured)
+                if fits(t, bucket, cfg, arch):
+                    entry = {**tuning.config_to_dict(cfg), "source":
+                             f"nearest measured: {tuning.bucket_key(other)}"}
+                    break
+            if entry is None:
+                entry = fallback_entry(t, bucket, arch)
+            entries[key] = entry
+            count += 1
+    return count
+
+
+def fallback_entry(t: tuning.Tunable, bucket: dict, arch: int) -> dict:
+    """Nothing measured fits: the default if it fits, else the candidate with the least
+    shared memory that fits, else an `unsupported` entry saying why."""
+    if fits(t, bucket, t.default, arch):
+        return {**tuning.config_to_dict(t.default), "source": "default"}
+    def size(c):  # a rough order of the tiles' shared memory: try small ones first
+        blocks = [v for k, v in c.kwargs.items() if k.startswith("BLOCK")]
+        return (math.prod(blocks) * c.num_stages, c.num_warps)
+    for cfg in sorted(t.configs, key=size):
+        if fits(t, bucket, cfg, arch):
+            return {**tuning.config_to_dict(cfg),
+                    "source": "least shared memory (the default does not fit)"}
+    return {"unsupported": f"no candidate fits the {SHARED_BYTES[arch]} bytes of shared memory "
+                           f"of sm_{arch} (the default needs "
+                           f"{shared_bytes(t, bucket, t.default, arch)})"}
+
+
+def check(tables: dict, arch: int) -> list[str]:
+    """Every problem with the pinned file of ``arch`` (empty: it is complete and compiles)."""
+    problems, jobs, where = [], [], []
+    kernels = tables[arch]["kernels"]
+    for name, t in tuning.tunables().items():
+        allowed = {json.dumps(tuning.config_to_dict(c), sort_keys=True)
+                   for c in (*t.configs, t.default)}
+        for bucket in t.buckets():
+            key = tuning.bucket_key(bucket)
+            entry = kernels.get(name, {}).get(key)
+            if entry is None:
+                problems.append(f"sm_{arch} {name} {key}: no pinned config")
+            elif "unsupported" in entry:
+                continue  # the kernel refuses this bucket on this architecture, saying why
+            elif json.dumps(tuning.config_to_dict(tuning.config_from_dict(entry)),
+                            sort_keys=True) not in allowed:
+                problems.append(f"sm_{arch} {name} {key}: {entry} is not a candidate config")
+            else:
+                jobs.append((name, bucket, tuning.config_to_dict(tuning.config_from_dict(entry)),
+                             arch))
+                where.append(f"sm_{arch} {name} {key}")
+    for i, (used, error) in precompile(jobs).items():
+        if error:
+            problems.append(f"{where[i]}: does not compile ({error})")
+        elif used > SHARED_BYTES[arch]:
+            problems.append(f"{where[i]}: needs {used} bytes of shared memory, "
+                            f"sm_{arch} has {SHARED_BYTES[arch]}")
+    return problems
+
+
+def merge(tables: dict, tuned: list[dict], source: str) -> None:
+    for row in tuned:
+        arch = int(row["arch"])
+        tables.setdefault(arch, {"arch": f"sm_{arch}", "kernels": {}})
+        cfg = {k: v for k, v in row.items() if k not in ("kernel", "arch", "bucket")}
+        tables[arch]["kernels"].setdefault(row["kernel"], {})[row["bucket"]] = {
+            **cfg, "source": f"measured: {source}"}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--fill", action="store_true")
+    ap.add_argument("--merge", type=Path, help="a `tuned` JSON written by gpu_check --autotune")
+    ap.add_argument("--arch", type=int, action="append", help="default: every pinned arch")
+    args = ap.parse_args(argv)
+    archs = args.arch or list(tuning.PINNED_ARCHS)
+    tables = {a: load(a) for a in tuning.PINNED_ARCHS}
+    if args.merge:
+        data = json.loads(args.merge.read_text())
+        merge(tables, data["measured"], data["source"])
+        args.fill = True
+    if args.fill:
+        for arch in archs:
+            n = fill(tables, arch)
+            tuning.write_table(tuning.config_path(arch), tables[arch])
+            print(f"sm_{arch}: pinned {n} bucket(s) nothing measured")
+        tuning.pinned_table.cache_clear()
+    if args.check or not (args.fill or args.merge):
+        problems = [p for arch in archs for p in check(tables, arch)]
+        for p in problems:
+            print(p)
+        total = sum(len(t.buckets()) for t in tuning.tunables().values())
+        print(f"checked {total} buckets x {len(archs)} architecture(s), {len(_compiled)} "
+              f"distinct compilations: {len(problems)} problem(s)")
+        return 1 if problems else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""Pinned Triton tile configurations: measured once per GPU architecture, kept in the repo.
+
+A Triton kernel's speed depends on its tiles (``BLOCK_*``), warps and pipeline stages, and
+the best choice depends on the GPU. Triton's autotuner finds it by compiling and timing
+every candidate on the first call of each new key: on an H100 that cost up to 42 s for one
+new flash-attention shape, and timing must never happen inside a CUDA-graph capture. Here
+the search is something you ask for, not something a first run pays:
+
+* Each kernel is a `Tunable`: its candidate configs, a default that is valid on every GPU,
+  the config the interpreter runs, and its *bucket space*: a finite key (head dim, a coarse
+  length class, dtype width ...) that every call's shape maps to, so that changing lengths
+  never mean a new search and the pinned file can cover every key.
+* ``configs/sm_XY.json`` holds one config per kernel and bucket for one architecture
+  (sm_90: H100 / H200, sm_80: A100), each with its ``source``: measured on a named GPU, or
+  carried over from the nearest measured bucket and checked to fit by compiling it ahead of
+  time (``benchmarks/pin_configs.py`` writes and checks the files).
+* A call looks its config up (a dict lookup: no timing, no host sync) and launches it, so
+  the first call of a new shape compiles exactly one config.
+* ``MINILLM_AUTOTUNE=1`` (or ``set_autotune(True)``; ``gpu_check.py --autotune``): the first
+  call of each bucket times every candidate (``triton.testing.do_bench``, median) and keeps
+  the fastest; ``measured()`` lists them and ``save_measured()`` merges them into the
+  architecture's file.
+
+Invariants:
+
+* ``Tunable.run`` never times anything unless autotuning was asked for, and never while a
+  CUDA graph is being captured (it then uses the pinned config).
+* A launch function may be called several times (autotuning calls it once per candidate):
+  it must rewrite its whole output each time (a kernel that accumulates zeroes first).
+* An architecture without a file of its own uses the newest older file of the same major
+  (sm_86 and sm_89 use sm_80), or the newest file for a newer major; a pinned config the
+  device cannot run (Triton's ``OutOfResources``: less shared memory) falls back to the
+  kernel's default, with one warning.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import torch
+import triton
+
+from .interpreter import interpreter_enabled
+
+CONFIG_DIR = Path(__file__).with_name("configs")
+PINNED_ARCHS = (80, 90)  # the architectures with a file in CONFIG_DIR
+CONFIG_FIELDS = ("num_warps", "num_stages")
+
+_registry: dict[str, "Tunable"] = {}
+_measured: dict[tuple[str, int, str], tuple[triton.Config, float]] = {}
+_fell_back: set[tuple[str, int, str]] = set()
+_autotune_override: bool | None = None
+
+
+def autotune_enabled() -> bool:
+    """True when new buckets are searched (`set_autotune`, else ``MINILLM_AUTOTUNE=1``)."""
+    if _autotune_override is not None:
+        return _autotune_override
+    return os.environ.get("MINILLM_AUTOTUNE", "0") not in ("", "0", "false", "no")
+
+
+def set_autotune(on: bool | None) -> None:
+    """Search every new bucket (True), never (False), or follow MINILLM_AUTOTUNE (None)."""
+    global _autotune_override
+    _autotune_override = on
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def config_to_dict(cfg: triton.Config) -> dict:
+    return {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+
+
+def config_from_dict(d: dict) -> triton.Config:
+    kwargs = {k: v for k, v in d.items() if k not in CONFIG_FIELDS and k not in ("source", "us")}
+    return triton.Config(kwargs, num_warps=int(d["num_warps"]), num_stages=int(d["num_stages"]))
+
+
+def launch_options(cfg: triton.Config) -> dict:
+    """The keyword arguments that launch a ``@triton.jit`` kernel with ``cfg``."""
+    return {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+
+
+def bucket_key(bucket: dict) -> str:
+    """A bucket as the pinned files spell it: ``"D=64,H=16,dt=16,lse=0"`` (sorted names)."""
+    return ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in sorted(bucket.items()))
+
+
+def parse_bucket_key(key: str) -> dict:
+    return {k: int(v) for k, v in (item.split("=") for item in key.split(","))}
+
+
+def dtype_bits(dtype: torch.dtype) -> int:
+    """The ``dt`` field of a bucket: 16 for fp16 / bf16, 32 for fp32 (twice the tile bytes)."""
+    return 8 * torch.empty((), dtype=dtype).element_size()
+
+
+# ----------------------------------------------------------------------------- architectures
+
+
+def device_arch(device=None) -> int:
+    """The compute capability as one number: 90 for an H100, 80 for an A100."""
+    major, minor = _capability(torch.device("cuda") if device is None else torch.device(device))
+    return 10 * major + minor
+
+
+@lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def file_arch(arch: int) -> int | None:
+    """Which pinned file serves ``arch`` (see the module docstring), or None (defaults)."""
+    same_major = [a for a in PINNED_ARCHS if a // 10 == arch // 10 and a <= arch]
+    if same_major:
+        return max(same_major)
+    newer = [a for a in PINNED_ARCHS if a // 10 < arch // 10]
+    return max(newer) if newer else None
+
+
+def config_path(arch: int) -> Path:
+    return CONFIG_DIR / f"sm_{arch}.json"
+
+
+@lru_cache(maxsize=None)
+def pinned_table(arch: int) -> dict:
+    """{kernel name: {bucket key: config dict}} of the file for ``arch`` (empty if none)."""
+    path = config_path(arch)
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text())["kernels"]
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+@dataclass(frozen=True)
+class Tunable:
+    """One Triton kernel's tiles: candidates, default, interpreter config, bucket space.
+
+    ``signature`` and ``constexprs`` serve ahead-of-time compilation (the pinned files'
+    checks): the Triton types of the arguments that are not int32 scalars, with ``{dt}`` for
+    the activation dtype, and the constexpr arguments a bucket implies besides the config's.
+    """
+
+    name: str
+    fn: object
+    configs: tuple
+    default: triton.Config
+    interpreter: triton.Config
+    bucket_space: dict
+    signature: dict
+    constexprs: Callable[[dict], dict]
+
+    def buckets(self) -> list[dict]:
+        """Every bucket of the space, as dicts."""
+        names = sorted(self.bucket_space)
+        return [dict(zip(names, values))
+                for values in itertools.product(*(self.bucket_space[n] for n in names))]
+
+    def check_bucket(self, bucket: dict) -> str:
+        key = bucket_key(bucket)
+        for name, value in bucket.items():
+            if name not in self.bucket_space or value not in self.bucket_space[name]:
+                raise ValueError(f"{self.name}: bucket {key} lies outside the kernel's bucket "
+                                 f"space {self.bucket_space} (a bug in the kernel's wrapper)")
+        return key
+
+    def pinned(self, bucket: dict, arch: int) -> triton.Config:
+        """The config pinned for ``bucket`` on ``arch``, or the default where none is."""
+        source = file_arch(arch)
+        entry = pinned_table(source).get(self.name, {}).get(bucket_key(bucket)) \
+            if source is not None else None
+        if entry and "unsupported" in entry:
+            raise ValueError(f"{self.name}: this shape class ({bucket_key(bucket)}) does not fit "
+                             f"a sm_{arch} GPU: {entry['unsupported']}; use a smaller head "
+                             f"dim or group, or 16-bit inputs")
+        return config_from_dict(entry) if entry else self.default
+
+    def config_for(self, bucket: dict, device=None) -> triton.Config:
+        """The config a call in ``bucket`` launches with on ``device`` (no search)."""
+        if interpreter_enabled():
+            return self.interpreter
+        arch, key = device_arch(device), self.check_bucket(bucket)
+        if (self.name, arch, key) in _fell_back:
+            return self.default
+        found = _measured.get((self.name, arch, key))
+        return found[0] if found else self.pinned(bucket, arch)
+
+    def run(self, bucket: dict, launch: Callable[[triton.Config], None], device=None) -> None:
+        """Launch through ``launch(config)`` with this bucket's config (see the module doc)."""
+        if interpreter_enabled():
+            launch(self.interpreter)
+            return
+        arch, key = device_arch(device), self.check_bucket(bucket)
+        if ((self.name, arch, key) not in _measured and autotune_enabled()
+                and not torch.cuda.is_current_stream_capturing()):
+            self._search(arch, key, launch)
+        cfg = self.config_for(bucket, device)
+        try:
+            launch(cfg)
+        except triton.runtime.errors.OutOfResources as e:
+            if cfg is self.default:
+                raise RuntimeError(f"{self.name}: even the default tiles "
+                                   f"{config_to_dict(cfg)} need more than this GPU (sm_{arch}) "
+                                   f"has for shape class {key}: {e}") from e
+            _fell_back.add((self.name, arch, key))
+            warnings.warn(f"minillm.kernels: the {self.name} config pinned for bucket {key} "
+                          f"({config_to_dict(cfg)}) does not fit this GPU (sm_{arch}: {e}); "
+                          f"using the default {config_to_dict(self.default)}", RuntimeWarning,
+                          stacklevel=2)
+            launch(self.default)
+
+    def _search(self, arch: int, key: str, launch) -> None:
+        from triton.testing import do_bench
+
+        times = {}
+        for cfg in self.configs:
+            try:
+                times[cfg] = do_bench(lambda c=cfg: launch(c), warmup=5, rep=25,
+                                      return_mode="median")
+            except (triton.runtime.errors.OutOfResources, triton.CompilationError):
+                continue  # does not fit or compile for this GPU: not a candidate here
+        if not times:
+            raise RuntimeError(f"{self.name}: no candidate config ran for bucket {key} on sm_{arch}")
+        best = min(times, key=times.get)
+        _measured[(self.name, arch, key)] = (best, times[best] * 1e3)
+
+
+def register(tunable: Tunable) -> Tunable:
+    """Add a kernel's Tunable to the registry (each kernel module does, at import)."""
+    _registry[tunable.name] = tunable
+    return tunable
+
+
+def tunables() -> dict[str, Tunable]:
+    """Every registered kernel by name (importing ``minillm.kernels`` registers them all)."""
+    from . import flash_attention, paged_decode, w4a16  # noqa: F401  (they register)
+
+    return dict(_registry)
+
+
+# ----------------------------------------------------------------------------- measurements
+
+
+def measured() -> list[dict]:
+    """What this process's autotuning found: one dict per (kernel, arch, bucket)."""
+    return [{"kernel": name, "arch": arch, "bucket": key, "us": round(us, 2),
+             **config_to_dict(cfg)}
+            for (name, arch, key), (cfg, us) in sorted(_measured.items(), key=lambda kv: kv[0])]
+
+
+def save_measured(source: str, path: Path | None = None) -> list[Path]:
+    """Merge this process's measurements into the pinned file of each measured architecture
+    (or into ``path``, for one architecture); every entry written says ``source`` (the GPU,
+    the date, the versions). Returns the files written."""
+    written = []
+    for arch in sorted({a for _, a, _ in _measured}):
+        target = path or config_path(arch)
+        data = (json.loads(target.read_text()) if target.exists()
+                else {"arch": f"sm_{arch}", "kernels": {}})
+        for (name, a, key), (cfg, us) in sorted(_measured.items(), key=lambda kv: kv[0]):
+            if a == arch:
+                data["kernels"].setdefault(name, {})[key] = {
+                    **config_to_dict(cfg), "us": round(us, 2), "source": f"measured: {source}"}
+        write_table(target, data)
+        written.append(target)
+    pinned_table.cache_clear()
+    return written
+
+
+def write_table(path: Path, data: dict) -> None:
+    """Write a pinned file: kernels and buckets sorted, one bucket per line (stable diffs)."""
+    lines = ["{", f' "arch": {json.dumps(data["arch"])},', ' "kernels": {']
+    kernels = sorted(data["kernels"].items())
+    for i, (name, entries) in enumerate(kernels):
+        lines.append(f"  {json.dumps(name)}: {{")
+        items = sorted(entries.items())
+        lines += [f"   {json.dumps(key)}: {json.dumps(entry)}" + ("," if j < len(items) - 1 else "")
+                  for j, (key, entry) in enumerate(items)]
+        lines.append("  }" + ("," if i < len(kernels) - 1 else ""))
+    lines += [" }", "}"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
