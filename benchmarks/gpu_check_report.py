@@ -3,8 +3,17 @@
 (``to_markdown``: the environment line, then one table per section over the union of its
 rows' keys, its notes and what it skipped), which is what BENCHMARKS.md shows under
 "Measured on a GPU". Plain functions of plain dicts: tested without a GPU.
+
+    python benchmarks/gpu_check_report.py REPORT.json ...   # the Markdown of saved reports
+
+(a file that holds only ``{section name: rows}``, as a run cut before it could write its
+report was saved by hand, prints one table per section).
 """
 from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
 
 SCHEMA = "minillm-gpu-check/1"
 STATUSES = ("ok", "failed", "timeout", "skipped")
@@ -40,6 +49,8 @@ def summary(report: dict) -> str:
     text = f"FAILURES: {', '.join(by['failed'])}" if by["failed"] else "all passed"
     if by["timeout"]:
         text += f"; incomplete (time box): {', '.join(by['timeout'])}, run it again"
+    if not report.get("finished", True):
+        text += "; the run had not finished (cut, or still going): what it reached"
     return text
 
 
@@ -81,6 +92,8 @@ def validate_report(report: dict) -> None:
     for key, types in (("quick", bool), ("command", str), ("ok", bool), ("seconds", (int, float)),
                        ("environment", dict), ("sections", list)):
         need(report, key, types, "report")
+    if "finished" in report:  # absent in reports written before it existed
+        need(report, "finished", bool, "report")
     for key in ("device", "torch", "triton", "python", "date"):
         need(report["environment"], key, str, "environment")
     for key in ("driver", "cuda"):
@@ -98,3 +111,21 @@ def validate_report(report: dict) -> None:
             raise ValueError(f"{where}.rows must hold dicts")
     if report["ok"] != all(s["status"] != "failed" for s in report["sections"]):
         raise ValueError("report.ok must be true exactly when no section failed")
+
+
+def file_markdown(path: Path) -> str:
+    """The Markdown of a saved report, or of a bare ``{section name: rows}`` file."""
+    data = json.loads(Path(path).read_text())
+    if "schema" in data:
+        return to_markdown(data)
+    lines = []
+    for name, rows in data.items():
+        if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
+            lines += [f"**{name}**", "", *markdown_table(rows), ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(f"usage: python {sys.argv[0]} REPORT.json ...")
+    print("\n".join(file_markdown(Path(a)) for a in sys.argv[1:]))

@@ -11,6 +11,10 @@ helpers they share. Each is compiled with `torch.utils.cpp_extension.load`
 ~/.cache/torch_extensions (or $TORCH_EXTENSIONS_DIR). `make setup` builds them all ahead, so
 no notebook cell waits for the compiler.
 
+Each calling module marks its `load_kernel` with `@cpp_extension.register(what)`, so this
+module never imports its callers: `main` imports the subpackages that hold C++ sources and
+builds whatever registered itself.
+
 Where a kernel cannot be built (no compiler, another OS), `load` warns once and returns
 None, and the caller keeps its PyTorch path: same results to rounding, slower.
 MINILLM_CPU_KERNEL=0 switches every C++ kernel off (the PyTorch paths then run, e.g. to
@@ -18,15 +22,30 @@ compare against them).
 """
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 _loaded: dict[str, object] = {}
 INCLUDE = Path(__file__).with_name("csrc")  # vec_math.h: SIMD helpers the kernels share
+# What each kernel does -> its module's `load_kernel`: every module with a C++ kernel adds
+# itself when it is imported (`register`), so `main` builds them all without naming them.
+KERNELS: dict[str, Callable[[], object]] = {}
+
+
+def register(what: str):
+    """Decorator for a module's `load_kernel`: lists it under `what` (e.g. "fused glue")
+    for `main`. Returns the function unchanged."""
+    def add(load_kernel: Callable[[], object]) -> Callable[[], object]:
+        KERNELS[what] = load_kernel
+        return load_kernel
+    return add
 
 
 def enabled() -> bool:
@@ -90,22 +109,23 @@ def load(stem: str, source: Path, fallback: str, avx512: bool = False,
     return _loaded[stem]
 
 
+def kernel_packages() -> list[str]:
+    """The subpackages of minillm with C++ sources (a `csrc/` folder beside their modules):
+    importing them imports, and so registers, every module that loads a kernel."""
+    root = Path(__file__).parent
+    return sorted(f"{__package__}.{d.parent.name}" for d in root.glob("*/csrc") if d.is_dir())
+
+
 def main() -> None:
     """Build (or load) every C++ kernel now and say how it went: `make setup` calls this
     (`from minillm.cpp_extension import main; main()`)."""
-    import time
-
-    from .attention import cpu_decode
-    from .layers import cpu_linear, fused
-    from .quant import cpu_kernels
-
-    for what, module in (("paged-decode attention", cpu_decode), ("small-M linear", cpu_linear),
-                         ("fused glue", fused), ("quantized (W4/W8) linear", cpu_kernels)):
+    for package in kernel_packages():
+        importlib.import_module(package)
+    for what, load_kernel in KERNELS.items():
         t0 = time.perf_counter()
-        kernel = module.load_kernel()
+        kernel = load_kernel()
         if kernel is None:
             print(f"minillm: the CPU {what} kernel is not available; the PyTorch path runs instead")
         else:
             print(f"minillm: CPU {what} kernel ready ({kernel.__file__}, "
                   f"{time.perf_counter() - t0:.0f} s)")
-

@@ -1,6 +1,8 @@
-"""benchmarks/gpu_check.py: the no-GPU line, section isolation and time boxes, the Markdown
-table, the JSON schema, and the --cpu-dry-run path at tiny sizes; and
-benchmarks/triton_compile_sweep.py, which compiles the kernels' CUDA configurations here.
+"""benchmarks/gpu_check.py: the no-GPU line, section isolation and time boxes, the report
+rewritten after every section and kept when a signal cuts the run, imports without the
+serving stack, the Markdown table, the JSON schema, and the --cpu-dry-run path at tiny
+sizes; and benchmarks/triton_compile_sweep.py, which compiles the kernels' CUDA
+configurations here.
 
 The GPU itself is never needed: the no-GPU test hides the devices (CUDA_VISIBLE_DEVICES=""),
 and the dry run runs the kernels in Triton's interpreter and a 2-layer random model.
@@ -10,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_check  # noqa: E402
-from gpu_check import Section, run_sections  # noqa: E402
+from gpu_check import RunInterrupted, Section, run_sections  # noqa: E402
 from gpu_check_report import SCHEMA, markdown_table, to_markdown, validate_report  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
@@ -112,6 +115,49 @@ def test_the_total_budget_skips_later_sections():
     assert "no time left" in entries[0]["notes"][0]
 
 
+def _progress_reports(entries_seen):
+    """on_progress that keeps a validated report of every call."""
+    def on_progress(entries):
+        report = _report(copy.deepcopy(entries))
+        validate_report(report)
+        entries_seen.append(report["sections"])
+    return on_progress
+
+
+def test_the_report_is_complete_and_valid_after_every_section():
+    seen = []
+    sections = _sections([])[:3]
+    run_sections(sections, "dry", CPU, {}, on_progress=_progress_reports(seen))
+    assert len(seen) == 3
+    for i, entries in enumerate(seen):  # done so far, then the rest "not reached"
+        assert [e["name"] for e in entries] == ["good", "raises", "bad_row"]
+        assert all(e["status"] != "skipped" for e in entries[:i + 1])
+        assert all(e["status"] == "skipped" and "not reached" in e["notes"][0]
+                   for e in entries[i + 1:])
+    assert seen[0][0]["rows"] == [{"x": 1.5, "ok": True}]
+
+
+def test_a_signal_keeps_the_rows_of_the_section_it_cuts_and_skips_the_rest():
+    def cut(run):
+        run.case("before", lambda: {"x": 1, "ok": True})
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered here, as from outside
+        run.case("after", lambda: {"x": 2, "ok": True})
+
+    seen = []
+    sections = [_sections([])[0], Section("cut", "Cut", cut, {"dry": 5.0}),
+                _sections([])[-1]]
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(RunInterrupted) as info:
+        run_sections(sections, "dry", CPU, {}, on_progress=_progress_reports(seen))
+    assert info.value.signum == signal.SIGTERM and info.value.name == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) == handler  # restored
+    final = seen[-1]
+    assert [e["status"] for e in final] == ["ok", "timeout", "skipped"]
+    assert final[1]["rows"] == [{"x": 1, "ok": True}]
+    assert "interrupted by SIGTERM" in final[1]["skipped"][0]
+    assert "interrupted by SIGTERM before it" in final[2]["notes"][0]
+
+
 # ----------------------------------------------------------------------------- report
 
 
@@ -140,6 +186,8 @@ def test_to_markdown_has_the_environment_every_section_and_labels_a_dry_run():
     entries = run_sections(_sections([])[:3], "dry", CPU, {})
     report = _report(entries)
     md = to_markdown(report)
+    assert "had not finished" not in md
+    assert "the run had not finished" in to_markdown(dict(report, finished=False))
     for text in ("NVIDIA H100 80GB HBM3", "driver 580.65", "torch 2.13.0", "triton 3.7.1",
                  "2026-11-25 14:00 UTC", "`python benchmarks/gpu_check.py`", "FAILURES: raises",
                  "**Good** (ok", "**Raises** (failed", "Error: `RuntimeError: kernel failed",
@@ -170,6 +218,7 @@ def test_the_schema_accepts_a_real_report_and_names_what_breaks_it():
         (lambda r: r["sections"][1].update(status="meh"), "status must be one of"),
         (lambda r: r["sections"][0].update(rows=[1]), "rows must hold dicts"),
         (lambda r: r.update(ok=True), "ok must be true exactly when no section failed"),
+        (lambda r: r.update(finished="yes"), "report.finished"),
     ]
     for breaks, message in breakages:
         broken = copy.deepcopy(report)
@@ -180,27 +229,36 @@ def test_the_schema_accepts_a_real_report_and_names_what_breaks_it():
 
 @pytest.mark.slow
 def test_cpu_dry_run_exercises_every_section_at_tiny_sizes(tmp_path):
-    """Every section but pytest (which runs test files: minutes), compile rows off."""
+    """Every section and every path a CPU can take (the compiled rows included; about 2
+    minutes): only what needs CUDA itself is left out, and the report says so."""
     out, md = tmp_path / "gpu.json", tmp_path / "gpu.md"
-    sections = "flash_attention,paged_decode,varlen,w4a16,greedy_match,decode,serving"
-    res = _script("--cpu-dry-run", "--no-compile", "--sections", sections, "--out", str(out),
-                  "--markdown", str(md))
+    res = _script("--cpu-dry-run", "--out", str(out), "--markdown", str(md))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     report = json.loads(out.read_text())
     validate_report(report)
-    assert report["mode"] == "cpu-dry-run" and report["ok"]
-    assert [s["name"] for s in report["sections"]] == sections.split(",")
+    assert report["mode"] == "cpu-dry-run" and report["ok"] and report["finished"]
+    assert [s["name"] for s in report["sections"]] == [
+        "flash_attention", "paged_decode", "varlen", "w4a16", "greedy_match", "decode",
+        "serving", "pytest"]
     for s in report["sections"]:
         assert s["status"] == "ok" and s["rows"], s
         assert all(r.get("ok") is not False for r in s["rows"]), s
     by = {s["name"]: s for s in report["sections"]}
     assert {r["heads"] for r in by["flash_attention"]["rows"]} == {"9:3", "32:8"}
     assert all(r["err_vs_f64"] < 1e-5 for r in by["flash_attention"]["rows"])
-    assert by["greedy_match"]["rows"][0]["first_divergence"] is None
+    assert [r["attention"] for r in by["greedy_match"]["rows"]] == ["triton", "torch"]
+    assert all(r["first_divergence"] is None for r in by["greedy_match"]["rows"])
     engines = [r["engine"] for r in by["decode"]["rows"]]
     assert engines[0] == "transformers" and "minillm eager, triton attention" in engines
-    assert any("compiled" in s for s in by["decode"]["skipped"])
-    assert {r["system"] for r in by["serving"]["rows"]} >= {"HF one-at-a-time", "HF static-16"}
+    assert "minillm compiled, torch attention" in engines
+    assert by["decode"]["skipped"] == ["minillm compiled, triton attention (torch.compile "
+                                       "cannot trace Triton's interpreter)"]
+    serving_rows = {r["system"]: r for r in by["serving"]["rows"]}
+    assert list(serving_rows)[1:3] == ["HF one-at-a-time", "HF static-16"]
+    assert "2 of 18 requests" in serving_rows["HF one-at-a-time"]["sampled"]
+    assert "1 batch: 16 of 18 requests" in serving_rows["HF static-16"]["sampled"]
+    assert "extrapolated" in serving_rows["HF static-16"]["sampled"]
+    assert by["pytest"]["rows"][0]["file"] == "tests/test_spec.py"
     assert md.read_text().startswith("CPU dry run") and md.read_text() in res.stdout
 
 
@@ -231,14 +289,97 @@ def test_the_kernel_grids_cover_what_the_issue_asks(mode):
         return run.rows
 
     flash, paged, varlen, w4 = (listing(s) for s in gk.SECTIONS)
-    if mode == "quick":  # a subset: every kernel, one autotune key each
+    if mode == "quick":  # a subset: every kernel, one length bucket of FlashAttention
         assert flash and paged and varlen and w4 and len(flash) <= 4
         return
-    assert len(flash) == 2 * 2 * 2 * 5  # dtypes x head_dims x GQA shapes x lengths
+    # bf16: both head dims x both GQA shapes x 5 lengths; fp16: each (D, GQA) once
+    assert len(flash) == 2 * 2 * 5 + 4
     assert {label.split()[0] for label in flash} == {"bfloat16", "float16"}
-    for text in ("9:3", "32:8", "D=64", "D=128", "T=512", "T=8192"):
-        assert any(text in label for label in flash), text
+    for d in ("D=64", "D=128"):
+        for heads in ("9:3", "32:8"):
+            for t in ("T=512", "T=1024", "T=2048", "T=4096", "T=8192"):
+                assert f"bfloat16 {heads} {d} {t}" in flash, (heads, d, t)
     for labels in (paged, varlen):
         for text in ("B=1 ", "B=256", "context=128", "context=8192"):
             assert any(text in label for label in labels), (text, labels)
-    assert any("N=49152 K=576 M=1" in label for label in w4)  # SmolLM2's LM head, decode
+    assert "B=1 context=1024" in paged  # the case at 0.59x of gather + SDPA on the H100
+    for shape in ("N=3072 K=576 M=1", "N=49152 K=576 M=1", "N=4096 K=4096 M=1",
+                  "N=14336 K=4096 M=1", "N=4096 K=4096 M=16", "N=4096 K=4096 M=256"):
+        assert shape in w4, shape
+
+
+def test_the_time_boxes_fit_the_plan():
+    """Full run: 8 minutes with ~20 s of start-up and one grace period; --quick: 3."""
+    import gpu_check_kernels
+    import gpu_check_model
+
+    sections = gpu_check_kernels.SECTIONS + gpu_check_model.SECTIONS
+    for mode, minutes in (("full", 8), ("quick", 3)):
+        total = sum(s.budget_s.get(mode, 0) for s in sections)
+        assert total <= gpu_check.TOTAL_BUDGET_S[mode], (mode, total)
+        assert gpu_check.TOTAL_BUDGET_S[mode] + gpu_check.GRACE_S + 20 <= 60 * minutes, mode
+
+
+# ----------------------------------------------------------------------------- imports
+
+
+def test_the_check_imports_without_the_serving_stack():
+    """A GPU image without FastAPI / uvicorn / prometheus_client runs the whole check: no
+    module of it imports them (nor does the serving benchmark's workload)."""
+    code = """
+import sys
+for name in ("fastapi", "uvicorn", "starlette", "prometheus_client"):
+    sys.modules[name] = None  # `import fastapi` now raises ImportError
+sys.path.insert(0, "benchmarks")
+import gpu_check, gpu_check_kernels, gpu_check_model, gpu_check_report, serving, workload
+import minillm.serve.workload
+assert workload.make_workload is minillm.serve.workload.make_workload
+print("imported", len(gpu_check_kernels.SECTIONS + gpu_check_model.SECTIONS), "sections")
+"""
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "imported 8 sections" in res.stdout
+
+
+def test_serve_package_names_load_on_first_use():
+    from minillm import serve
+    from minillm.serve import ServeConfig, sse
+
+    assert serve.ServeConfig is ServeConfig and serve.sse is sse
+    assert callable(serve.create_app) and "ServerProcess" in dir(serve)
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        serve.nope  # noqa: B018
+
+
+# ----------------------------------------------------------------------------- signals
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_run_cut_by_a_signal_leaves_a_valid_report_of_its_first_section(tmp_path, signum):
+    out, md = tmp_path / "gpu.json", tmp_path / "gpu.md"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--cpu-dry-run", "--sections",
+                             "w4a16,pytest", "--out", str(out), "--markdown", str(md)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.exists() and json.loads(out.read_text())["sections"][0]["rows"]:
+                break  # the first section is done and on disk
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        proc.send_signal(signum)
+        log = proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signum, log[-3000:]
+    report = json.loads(out.read_text())
+    validate_report(report)
+    assert report["finished"] is False and report["ok"]
+    first, second = report["sections"]
+    assert first["name"] == "w4a16" and first["status"] == "ok" and len(first["rows"]) == 2
+    assert second["status"] in ("timeout", "skipped")  # cut in it, or before it
+    assert signal.Signals(signum).name in json.dumps(second)
+    assert md.read_text().startswith("CPU dry run") and "had not finished" in md.read_text()

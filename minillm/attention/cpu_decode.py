@@ -23,6 +23,7 @@ from .. import cpp_extension
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode_cpu.cpp"
 
 
+@cpp_extension.register("paged-decode attention")
 def load_kernel():
     """The compiled extension, or None if switched off or not buildable here (warns once)."""
     return cpp_extension.load("minillm_paged_decode_cpu", SOURCE,

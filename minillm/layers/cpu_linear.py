@@ -45,6 +45,7 @@ MAX_ROWS = 16
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
+@cpp_extension.register("small-M linear")
 def load_kernel():
     """The compiled extension, or None if switched off or not buildable here (warns once).
     Loading it also defines the operator `minillm_cpu::small_m_linear`."""

@@ -34,6 +34,7 @@ from .. import cpp_extension
 SOURCE = Path(__file__).with_name("csrc") / "fused_glue_cpu.cpp"
 
 
+@cpp_extension.register("fused glue")
 def load_kernel():
     """The compiled extension, or None if switched off or not buildable here (warns once)."""
     return cpp_extension.load("minillm_fused_glue_cpu", SOURCE,

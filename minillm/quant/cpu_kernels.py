@@ -41,6 +41,7 @@ SOURCE = Path(__file__).with_name("csrc") / "quant_linear_cpu.cpp"
 MAX_ROWS = 16
 
 
+@cpp_extension.register("quantized (W4/W8) linear")
 def load_kernel():
     """The compiled extension, or None if switched off or not buildable here (warns once).
     Loading it also defines the operators `minillm_cpu::w4_linear` / `w8_linear`."""

@@ -6,16 +6,37 @@
 Modules, read in this order: `config` (ServeConfig), `protocol` (the request checks),
 `detok` (incremental UTF-8 detokenization and stop strings), `async_engine` (the one task
 that owns the engine), `app` (the routes), `server` (uvicorn and the SIGTERM drain),
-`process` (ServerProcess), `metrics` (Prometheus), `sse` (the event-stream format) and
-`loadgen` (Poisson load, latency percentiles).
-"""
-from . import loadgen, metrics, sse
-from .app import create_app
-from .config import MODEL_NAME, ServeConfig
-from .errors import APIError
-from .loadgen import LoadResult, measure_capacity, run_load, sweep
-from .process import ServerProcess
-from .server import ThreadedServer
+`process` (ServerProcess), `metrics` (Prometheus), `sse` (the event-stream format),
+`loadgen` (Poisson load, latency percentiles) and `workload` (the benchmark's requests).
 
-__all__ = ["APIError", "LoadResult", "MODEL_NAME", "ServeConfig", "ServerProcess", "ThreadedServer",
-           "create_app", "loadgen", "measure_capacity", "metrics", "run_load", "sse", "sweep"]
+The names below are imported on first use (PEP 562), not with the package: importing
+`minillm.serve.workload` (the benchmarks and `benchmarks/gpu_check.py` do) must not need
+FastAPI, uvicorn or prometheus_client, which a GPU image may lack.
+"""
+from __future__ import annotations
+
+import importlib
+
+# name -> the submodule that defines it
+_EXPORTS = {"APIError": "errors", "LoadResult": "loadgen", "MODEL_NAME": "config",
+            "ServeConfig": "config", "ServerProcess": "process", "ThreadedServer": "server",
+            "create_app": "app", "measure_capacity": "loadgen", "run_load": "loadgen",
+            "sweep": "loadgen"}
+_SUBMODULES = ("loadgen", "metrics", "sse")
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES])
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # once: later lookups do not come back here
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
