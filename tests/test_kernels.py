@@ -270,6 +270,28 @@ def test_paged_decode_other_block_sizes(gen, block_size, num_splits):
     assert_close(got, torch.stack(outs), dtype, f"block_size={block_size}")
 
 
+def test_paged_decode_splits_only_long_contexts():
+    """The split-K heuristic (pure arithmetic, no GPU needed): on an H100 (132 SMs) batch 1
+    at context 1024 runs as one launch (split into 4 it took twice as long: BENCHMARKS.md),
+    long contexts still split to fill the GPU, and no split is shorter than
+    MIN_SPLIT_TOKENS. The kernel's results at any split count are checked above."""
+    from minillm.kernels.paged_decode import MIN_SPLIT_TOKENS, _num_splits_for
+
+    h100 = 132
+    assert _num_splits_for(1, 3, 1024, h100) == 1
+    assert _num_splits_for(16, 3, 1024, h100) == 1
+    assert _num_splits_for(1, 3, 2 * MIN_SPLIT_TOKENS - 1, h100) == 1
+    assert _num_splits_for(1, 3, 8192, h100) == 8
+    assert _num_splits_for(16, 3, 8192, h100) == 6  # two waves: 264 programs / 48
+    assert _num_splits_for(256, 3, 8192, h100) == 1  # the batch alone fills the GPU
+    for batch in (1, 2, 7, 64, 300):
+        for ctx in (1, 100, 1024, 2047, 2048, 5000, 32768):
+            for sms in (1, 108, 132):
+                n = _num_splits_for(batch, 3, ctx, sms)
+                assert n >= 1 and (n == 1 or ctx // n >= MIN_SPLIT_TOKENS), (batch, ctx, sms)
+                assert n == 1 or batch * 3 * (n - 1) < 2 * sms, (batch, ctx, sms)  # <= 2 waves
+
+
 def test_paged_decode_accepts_int64_tables_and_lengths(gen):
     # Block tables and lengths built with torch's default integer dtype (int64) are
     # converted to int32 by the wrapper: same result as int32 ones, and as the reference.

@@ -159,12 +159,26 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+# Split-K costs a second launch (the combine kernel), which pays only when each split still
+# reads a long stretch of context. On an H100 (BENCHMARKS.md, "Measured on a GPU") a launch
+# cost ~30 us whatever it read, so at context 1024 four splits of 256 tokens took 60 us
+# against 30 us for one launch: every split holds at least this many positions.
+MIN_SPLIT_TOKENS = 1024
+
+
+def _num_splits_for(batch: int, hkv: int, max_tokens: int, sms: int) -> int:
+    """Split-K count: about two waves of (sequence, KV head, split) programs over `sms`
+    multiprocessors, and never a split of fewer than MIN_SPLIT_TOKENS positions (so
+    contexts shorter than 2 * MIN_SPLIT_TOKENS run as one launch, without the combine)."""
+    want = triton.cdiv(2 * sms, batch * hkv)
+    return max(1, min(want, max_tokens // MIN_SPLIT_TOKENS))
+
+
 def _default_num_splits(batch: int, hkv: int, max_tokens: int) -> int:
     if interpreter_enabled():
         return 1  # more programs only cost time in the interpreter
     sms = _sm_count(torch.device("cuda", torch.cuda.current_device()))
-    want = triton.cdiv(2 * sms, batch * hkv)  # about two waves of programs
-    return max(1, min(want, triton.cdiv(max_tokens, 256)))  # splits of >= 256 tokens
+    return _num_splits_for(batch, hkv, max_tokens, sms)
 
 
 def paged_decode_attention(
