@@ -62,9 +62,10 @@ def load_hf(dtype):
                                                     dtype=dtype).eval()
 
 
-def time_minillm(model, ids, n, compile=False):
+def time_minillm(model, ids, n, compile=False, cuda_graph=None):
     t0 = time.perf_counter()
-    out = minillm.generate(model, ids, n, ignore_eos=True, compile=compile)
+    out = minillm.generate(model, ids, n, ignore_eos=True, compile=compile,
+                           cuda_graph=cuda_graph)
     assert len(out) == n
     return time.perf_counter() - t0
 

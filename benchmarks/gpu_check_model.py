@@ -8,11 +8,15 @@ that have CUDA paths.
   teacher-forced logits over the CPU's tokens (max error, top-1 agreement; passes at >= 95%
   agreement: bf16 may legitimately flip a near-tie and then diverge).
 * decode: benchmarks/decode.py's measurement ((N - 1) / (t(N) - t(1)), median of rounds),
-  eager and compiled, torch and Triton attention, against the weights' bandwidth ceiling
-  (weight bytes / the bandwidth measured in this run) and transformers.
-* serving: benchmarks/serving.py's workload and runners; HF one-at-a-time and HF static-16
-  are sampled (3 requests / one batch of 16; their tok/s extrapolated, as the row says),
-  and run before the engine's slow gather-path row.
+  Triton and torch attention, each eager, through a CUDA graph (`generate(cuda_graph=True)`),
+  through a graph of the torch.compile'd step, and compiled without a graph, against the
+  weights' bandwidth ceiling (weight bytes / the bandwidth measured in this run) and
+  transformers; every non-eager row compares its greedy tokens with eager's.
+* serving: benchmarks/serving.py's workload and runners, the engine with CUDA graphs
+  (its default on CUDA) and eager; the engine's decode step time at batch 1, 8 and 64,
+  graph against eager; HF one-at-a-time and HF static-16 are sampled (3 requests / one
+  batch of 16; their tok/s extrapolated, as the row says), before the engine's slow
+  gather-path row.
 * pytest: the test files with CUDA paths, each in its own process, CUDA visible.
 
 In the CPU dry run the model is a 2-layer random-weight SmolLM2 look-alike (its vocabulary,
@@ -29,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 
 import torch
 
@@ -96,11 +101,15 @@ def model_dtype(run) -> torch.dtype:
 # ----------------------------------------------------------------------------- greedy match
 
 
+def first_divergence(ref: list[int], got: list[int]) -> int | None:
+    return next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
+
+
 @torch.inference_mode()
 def greedy_case(run, ids, ref, ref_logits, dtype, backend) -> dict:
     model = load_minillm(run, dtype, backend, run.device)
     got = generate(model, ids, len(ref), ignore_eos=True)
-    div = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
+    div = first_divergence(ref, got)
     full = torch.tensor([ids + ref], device=run.device)
     logits = model(full)[0, len(ids) - 1:-1].float().cpu()
     top1 = float((logits.argmax(-1) == ref_logits.argmax(-1)).float().mean())
@@ -132,7 +141,7 @@ def check_greedy(run) -> None:
 def decode_speed(run, timed, n, rounds) -> dict:
     """benchmarks/decode.py's measure: decode tok/s = (n - 1) / (t(n) - t(1))."""
     t0 = time.perf_counter()
-    timed(2)  # warm-up: autotuning, compilation
+    timed(n)  # warm-up at full length: autotuning, compilation, graph capture
     first_s = time.perf_counter() - t0
     samples = []
     for _ in range(rounds):
@@ -141,41 +150,70 @@ def decode_speed(run, timed, n, rounds) -> dict:
     return {"decode_tok_s": statistics.median(samples), "first_s": first_s}
 
 
+# (row name, compile, cuda_graph), most telling first: the time box may cut the tail.
+DECODE_VARIANTS = [("eager", False, False), ("CUDA graph", False, True),
+                   ("CUDA graph of the compiled step", True, True), ("compiled", True, False)]
+
+
 def check_decode(run) -> None:
     n, rounds = run.pick(64, 32, 8), run.pick(3, 1, 1)
     ids, model = prompt_ids(run), load_minillm(run, model_dtype(run), "torch", run.device)
     ceiling = (run.env["bandwidth_GBps"] * 1e9
                / calc.weight_bytes(model.config.num_params(), model.dtype.itemsize))
-    hf_tok_s = None
+    hf_tok_s, eager_tokens = None, {}
 
-    def row(name, timed):
+    def row(name, timed, tokens=None, backend=None):
         nonlocal hf_tok_s
         r = decode_speed(run, timed, n, rounds)
         if name == "transformers":
             hf_tok_s = r["decode_tok_s"]
-        return {"engine": name, **r, "of_ceiling": r["decode_tok_s"] / ceiling,
-                "vs_transformers": r["decode_tok_s"] / hf_tok_s if hf_tok_s else None}
+        out = {"engine": name, **r, "of_ceiling": r["decode_tok_s"] / ceiling,
+               "vs_transformers": r["decode_tok_s"] / hf_tok_s if hf_tok_s else None}
+        if tokens is not None and backend in eager_tokens:
+            ref = eager_tokens[backend]
+            out.update(same_tokens_as_eager=tokens == ref,
+                       first_divergence=first_divergence(ref, tokens))
+            if "compiled" not in name and backend == "triton":  # eager's kernels, replayed
+                out["ok"] = tokens == ref
+        return out
 
     hf = load_hf(run)
     run.case("transformers", lambda: row("transformers",
                                          lambda k: decode_bench.time_hf(hf, ids, k)))
-    for compiled in (False, True):  # eager first: compiling takes a minute per backend
-        for backend in ("torch", "triton"):
-            name = f"minillm {'compiled' if compiled else 'eager'}, {backend} attention"
+    for label, compiled, graph in DECODE_VARIANTS:  # each backend eager first: the reference
+        for backend in ("triton", "torch"):
+            name = f"minillm {label}, {backend} attention"
             if compiled and (run.mode == "quick" or not run.options.get("compile", True)):
                 run.skipped.append(f"{name} (--quick / --no-compile: compiling takes minutes)")
                 continue
             if compiled and backend == "triton" and not run.cuda:
                 run.skipped.append(f"{name} (torch.compile cannot trace Triton's interpreter)")
                 continue
-            model.set_attn_backend(backend)
-            run.case(name, lambda: row(name, lambda k: decode_bench.time_minillm(
-                model, ids, k, compile=compiled)))
+
+            def case(name=name, backend=backend, compiled=compiled, graph=graph):
+                model.set_attn_backend(backend)
+                with warnings.catch_warnings():  # the dry run's "no CUDA graphs on a CPU"
+                    warnings.simplefilter("ignore")
+                    tokens = generate(model, ids, n, ignore_eos=True, compile=compiled,
+                                      cuda_graph=graph)
+                    if not compiled and not graph:  # the reference: no comparison
+                        eager_tokens[backend], tokens = tokens, None
+                    return row(name, lambda k: decode_bench.time_minillm(
+                        model, ids, k, compile=compiled, cuda_graph=graph), tokens, backend)
+            run.case(name, case)
     run.notes += [f"batch 1, {len(ids)}-token prompt, {n} new tokens, median of {rounds} "
                   f"round(s); ceiling {ceiling:.0f} tok/s = {run.env['bandwidth_GBps']} GB/s "
                   f"/ {str(model.dtype)[6:]} weight bytes",
-                  "CUDA graphs: minillm has no CUDA-graph decode path, so there is no row "
-                  "for it (torch.compile's default mode does not capture graphs)"]
+                  "CUDA graph: generate(cuda_graph=True), one decode step over a static cache "
+                  "captured and replayed; 'of the compiled step': torch.compile (default mode, "
+                  "dynamic=False) first, then captured; 'compiled': torch.compile "
+                  "(dynamic=True), no graph. Each is compared token for token with the same "
+                  "attention's eager greedy output; the Triton graph row (eager's kernels "
+                  "replayed) fails if they differ; with torch attention the graph runs SDPA "
+                  "with a key mask over the static cache (another SDPA kernel than eager's), "
+                  "and a compiled step fuses differently, so bf16 rounding may differ there",
+                  "first_s: the first full-length call (autotuning, compilation, capture)"
+                  + ("" if run.cuda else "; on a CPU the graph rows run uncaptured")]
 
 
 # ----------------------------------------------------------------------------- serving
@@ -197,7 +235,17 @@ def check_serving(run) -> None:
         model.set_attn_backend(backend)
         r = serving.run_engine(model, reqs, max_num_seqs=64, **kw)
         return {"tok_s": r["tok_s"], "wall_s": r["wall_s"], "ttft_p50_s": r["ttft_p50_s"],
-                "itl_p50_ms": 1e3 * r["itl_p50_s"], "decode_path": r["decode_path"]}
+                "itl_p50_ms": 1e3 * r["itl_p50_s"], "decode_path": r["decode_path"],
+                "cuda_graphs": not r["enforce_eager"]}
+
+    def step_row(batch):
+        model.set_attn_backend("triton")
+        ms = {eager: serving.decode_step_ms(model, batch, run.pick(50, 20, 3),
+                                            run.pick(128, 128, 8), enforce_eager=eager)
+              for eager in (True, False)}
+        return {"system": f"engine decode step, batch {batch}", "eager_step_ms": ms[True],
+                "graph_step_ms": ms[False], "graph_speedup": ms[True] / ms[False],
+                "graph_tok_s": batch / ms[False] * 1e3}
 
     def hf_row(r, measured):
         return {"tok_s": r["tok_s"], "wall_s": r["measured_wall_s"],
@@ -209,13 +257,18 @@ def check_serving(run) -> None:
     # of 16 (as long as its longest output). Both before the slow gather row, so a tight
     # time box cuts that one, not the baselines of the goals below.
     k = run.pick(3, 2, 2)
-    systems = {
+    systems = {  # engine continuous, triton: CUDA graphs on CUDA (its default)
         "engine continuous, triton": lambda: engine("triton"),
+        "engine continuous, triton, eager": lambda: engine("triton", enforce_eager=True),
         "HF one-at-a-time": lambda: hf_row(serving.run_hf_one(hf, reqs, k), f"{k}"),
         "HF static-16": lambda: hf_row(serving.run_hf_static(hf, reqs, 16, 1),
                                        f"1 batch: {min(16, len(reqs))}"),
         "engine continuous, torch (gather)": lambda: engine("torch", decode_path="gather")}
-    for name, fn in systems.items():
+    for name, fn in list(systems.items())[:4]:
+        run.case(name, lambda: rows.setdefault(name, {"system": name, **fn()}))
+    for batch in run.pick((1, 8, 64), (1, 8, 64), (1, 3)):  # dry: the interpreter is slow
+        run.case(f"engine decode step, batch {batch}", lambda: step_row(batch))
+    for name, fn in list(systems.items())[4:]:
         run.case(name, lambda: rows.setdefault(name, {"system": name, **fn()}))
     base = rows.get("engine continuous, triton", {}).get("tok_s")
     for name, goal in (("HF one-at-a-time", 14), ("HF static-16", 3)):
@@ -224,6 +277,13 @@ def check_serving(run) -> None:
                              f"{base / rows[name]['tok_s']:.1f}x (goal {goal}x)")
     run.notes.append(f"workload: {wl['description']}; {wl['num_output_tokens']} output tokens; "
                      f"engine max_num_seqs 64, {str(model.dtype)[6:]}")
+    run.notes.append(f"engine decode step: `batch` requests of {run.pick(128, 128, 8)}-token "
+                     "prompts, every "
+                     "prefill done, then the mean wall time of decode-only steps (step() "
+                     "returns after the sampled ids are on the host), enforce_eager=True "
+                     "against CUDA graphs (enforce_eager=False), Triton attention"
+                     + ("" if run.cuda else "; on a CPU the graph path runs uncaptured"))
+
 
 
 # ----------------------------------------------------------------------------- pytest
@@ -233,6 +293,7 @@ def check_serving(run) -> None:
 # test_lab03's Triton tests run Lab 03's scaffold kernel (minillm.kernels.lab) with the
 # reference inner loop and the student-mistake loops through the check.
 TEST_FILES = [("tests/test_spec.py", "not slow", ""), ("tests/test_triton_backend.py", "", ""),
+              ("tests/test_cuda_graph.py", "not slow", ""),
               ("tests/test_lab03.py", "", "triton or lab_kernel"),
               ("tests/test_w4a16.py", "", ""), ("tests/test_kernels.py", "", "")]
 
@@ -284,9 +345,9 @@ SECTIONS = [
     Section("greedy_match", "SmolLM2 greedy on the device against fp32 on the CPU",
             check_greedy, {"full": 45, "quick": 25, "dry": 60}),
     Section("decode", "Batch-1 decode against the bandwidth ceiling and transformers",
-            check_decode, {"full": 100, "quick": 30, "dry": 150}),
+            check_decode, {"full": 180, "quick": 40, "dry": 150}),
     Section("serving", "Serving workload: engine continuous against HF (sampled)",
-            check_serving, {"full": 80, "quick": 43, "dry": 90}),
+            check_serving, {"full": 120, "quick": 40, "dry": 120}),
     Section("pytest", "Test files with CUDA paths", check_pytest,
             {"full": 75, "dry": 120}),
 ]

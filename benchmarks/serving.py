@@ -93,7 +93,33 @@ def run_engine(model, reqs, memory_log=None, schedule_log=None, **kw):
             "itl_p50_s": pct(itl, 50), "itl_p95_s": pct(itl, 95), "steps": s["num_steps"],
             "mean_tokens_per_step": s["mean_tokens_per_step"],
             "preemptions": s["num_preemptions"], "num_blocks": s["num_blocks"],
-            "decode_path": engine.runner.decode_path}
+            "decode_path": engine.config.decode_path,
+            "enforce_eager": engine.config.enforce_eager}
+
+
+def step_until_decoding(engine) -> None:
+    """Step until every prompt is computed: from then on the steps are decode-only."""
+    sched = engine.scheduler
+    while sched.waiting or any(r.num_computed_tokens < r.num_tokens - 1 for r in sched.running):
+        engine.step()
+
+
+def decode_step_ms(model, batch: int, steps: int, prompt_len: int = 128, **engine_kw) -> float:
+    """Mean ms of `steps` decode-only steps of an LLMEngine(max_num_seqs=batch, **engine_kw)
+    running `batch` requests of `prompt_len`-token prompts, timed once every prompt is
+    computed (step() returns after the sampled ids are on the host: no extra sync needed)."""
+    engine = LLMEngine(model, max_num_seqs=batch, **engine_kw)
+    vocab = model.config.vocab_size
+    for i in range(batch):
+        engine.add_request(f"s{i}", [3 + (i * 7919 + j * 104729) % (vocab - 3)
+                                     for j in range(prompt_len)],
+                           SamplingParams(max_tokens=steps + 32, ignore_eos=True))
+    step_until_decoding(engine)
+    engine.step()  # the first decode step of this shape (autotuning in an eager engine)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    return (time.perf_counter() - t0) / steps * 1e3
 
 
 def decode_path_ab(model, reqs):
@@ -105,7 +131,8 @@ def decode_path_ab(model, reqs):
     times = {"kernel": [], "gather": []}
     while engine.has_unfinished_requests():
         path = "kernel" if engine.num_steps % 2 == 0 else "gather"
-        engine.runner.decode_path = path
+        if engine.config.decode_path != path:
+            engine.set_decode_path(path)
         computed, running = engine.num_batched_tokens, len(engine.scheduler.running)
         t0 = time.perf_counter()
         engine.step()

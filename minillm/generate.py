@@ -9,6 +9,12 @@ The loop is the textbook one:
 With `use_cache=False` every step re-runs the model on the whole sequence (O(T^2) work):
 the baseline that Lab 02 measures the cache against. Both paths must give the same tokens.
 
+`cuda_graph=True` (the default on CUDA) replays each decode step as a CUDA graph over a
+static cache (`minillm.decode_graph`); with `compile=True` as well, the captured step is a
+torch.compile'd one. `cuda_graph=False` keeps the eager steps (and `compile=True` alone
+compiles them with dynamic shapes). On a CPU `cuda_graph=True` runs the graph's static
+step uncaptured, with a one-time warning.
+
 Static batching left-pads prompts so every row's last prompt token sits in the same column,
 masks the padding slots, and runs until the longest request is done: the finished rows
 keep occupying their slots. That waste is what continuous batching (Lab 05) removes.
@@ -19,6 +25,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from . import decode_graph
 from .attention import ContiguousCacheContext, NoCacheContext
 from .kv_cache import KVCache
 from .prompts import check_context_length, check_generation, stop_token_set
@@ -30,17 +37,21 @@ def generate_stream(model, prompt_ids, max_new_tokens: int, temperature: float =
                     top_k: int | None = None, top_p: float | None = None,
                     seed: int | None = None, stop_token_ids=None, ignore_eos: bool = False,
                     use_cache: bool = True, append_fn=None, attend_fn=None,
-                    compile: bool = False) -> Iterator[int]:
+                    compile: bool = False, cuda_graph: bool | None = None) -> Iterator[int]:
     """Yield new token ids one at a time. A stop token is yielded, then generation ends.
 
     `append_fn` / `attend_fn` replace the cache write and the cached attention (Lab 02
     plugs the student's versions in here); see `minillm.kv_cache` for their signatures.
-    `compile=True` runs the decode steps through `model.compiled_run()` (torch.compile);
-    the first call pays the compilation. It needs the cache and the default functions.
+    `compile=True` runs the decode steps through torch.compile (`model.compiled_run()`, or
+    the compiled-then-captured step with `cuda_graph`); the first call pays the
+    compilation. `cuda_graph` (None: True on CUDA) replays decode steps as a CUDA graph
+    (see the module doc). Both need the cache and the default functions.
     """
-    if compile and (not use_cache or append_fn is not None or attend_fn is not None):
+    plain = use_cache and append_fn is None and attend_fn is None
+    if compile and not plain:
         raise ValueError("compile=True needs use_cache=True and the default append_fn / "
                          "attend_fn (a student's functions run eagerly)")
+    cuda_graph = decode_graph.use_cuda_graph(cuda_graph, model.device, plain)
     prompt = check_generation(model, prompt_ids, max_new_tokens)
     validate_sampling(temperature, top_k, top_p)
     if max_new_tokens == 0:
@@ -50,7 +61,10 @@ def generate_stream(model, prompt_ids, max_new_tokens: int, temperature: float =
     generator = make_generator(seed)
     tokens = torch.tensor([prompt], device=device)
 
-    if use_cache:
+    if cuda_graph:
+        graph = decode_graph.get(model, 1, len(prompt) + max_new_tokens, compile)
+        logits = graph.prefill(tokens)
+    elif use_cache:
         cache = KVCache(model.config, 1, len(prompt) + max_new_tokens, model.dtype, device)
         ctx = ContiguousCacheContext(model.attn_backend, cache, 0, append_fn=append_fn,
                                      attend_fn=attend_fn)
@@ -60,14 +74,16 @@ def generate_stream(model, prompt_ids, max_new_tokens: int, temperature: float =
         logits = model(tokens, last_only=True)
     # Decode steps: positions were checked above (prompt + max_new_tokens fits), so the
     # compiled path may skip forward()'s checks.
-    decode = model.compiled_run() if compile else model
+    decode = model.compiled_run() if compile and not cuda_graph else model
     pos = len(prompt)
     for step in range(max_new_tokens):
         next_id = sample_next(logits[0, -1], temperature, top_k, top_p, generator)
         yield next_id
         if next_id in stops or step == max_new_tokens - 1:
             return
-        if use_cache:
+        if cuda_graph:
+            logits = graph.decode(next_id, pos)
+        elif use_cache:
             ctx.start_pos = pos
             logits = decode(tokens.new_tensor([[next_id]]), tokens.new_tensor([[pos]]), ctx)
         else:
@@ -79,11 +95,12 @@ def generate_stream(model, prompt_ids, max_new_tokens: int, temperature: float =
 def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
              stop_token_ids=None, ignore_eos: bool = False, use_cache: bool = True,
-             append_fn=None, attend_fn=None, compile: bool = False) -> list[int]:
+             append_fn=None, attend_fn=None, compile: bool = False,
+             cuda_graph: bool | None = None) -> list[int]:
     """Return the new token ids (the prompt is not included)."""
     return list(generate_stream(model, prompt_ids, max_new_tokens, temperature, top_k, top_p,
                                 seed, stop_token_ids, ignore_eos, use_cache, append_fn,
-                                attend_fn, compile))
+                                attend_fn, compile, cuda_graph))
 
 
 @torch.inference_mode()

@@ -210,11 +210,15 @@ class LlamaModel(nn.Module):
         return self.run(input_ids, positions, ctx, last_only)
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
-                      ctx=None, num_layers: int | None = None) -> torch.Tensor:
+                      ctx=None, num_layers: int | None = None, check: bool = True) -> torch.Tensor:
         """input_ids [B, T] -> h [B, T, hidden]: the last layer's output after the final
         norm, i.e. what the LM head reads. Same arguments as `forward`. `num_layers` runs
-        only the first layers (a layer-skip draft model for speculative decoding)."""
-        positions, ctx = self._check_inputs(input_ids, positions, ctx)
+        only the first layers (a layer-skip draft model for speculative decoding).
+        check=False skips the argument checks, which read the positions back to the host: a
+        sync that the engine's step and CUDA graphs avoid (their positions are valid by
+        construction; then positions and ctx are required)."""
+        if check:
+            positions, ctx = self._check_inputs(input_ids, positions, ctx)
         return self.norm(self._run_layers(input_ids, positions, ctx, num_layers))
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -254,6 +258,16 @@ class LlamaModel(nn.Module):
             x = x[:, -1:]  # norm and LM head on the last row only
         return self.compute_logits(self.norm(x))
 
+    def check_compilable(self) -> None:
+        """Raise if torch.compile cannot trace this model's attention backend here."""
+        if getattr(self.attn_backend, "name", None) == "triton":
+            from .kernels import interpreter_enabled
+            if interpreter_enabled():  # dynamo would trace into the interpreter's numpy code
+                raise ValueError("torch.compile cannot trace Triton kernels that run in "
+                                 "Triton's CPU interpreter (no CUDA GPU here); compile with "
+                                 "the torch attention backend (model.set_attn_backend('torch')) "
+                                 "or run the Triton backend eagerly")
+
     def compiled_run(self):
         """`run` compiled by `torch.compile` (built once per model, then reused).
 
@@ -267,13 +281,7 @@ class LlamaModel(nn.Module):
         on-disk cache: `benchmarks/compile_cache.py`). dynamic=True: one graph serves every
         position and cache size.
         """
-        if getattr(self.attn_backend, "name", None) == "triton":
-            from .kernels import interpreter_enabled
-            if interpreter_enabled():  # dynamo would trace into the interpreter's numpy code
-                raise ValueError("torch.compile cannot trace Triton kernels that run in "
-                                 "Triton's CPU interpreter (no CUDA GPU here); compile with "
-                                 "the torch attention backend (model.set_attn_backend('torch')) "
-                                 "or run the Triton backend eagerly")
+        self.check_compilable()
         if self._compiled_run is None:
             cpu_linear.load_kernel()  # build it (once) now: a build inside a trace breaks the graph
             self._compiled_run = torch.compile(self.run, dynamic=True)

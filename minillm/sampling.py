@@ -50,9 +50,15 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int | None =
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
     """One token id drawn from probs [V] (with `generator`, reproducibly)."""
-    if generator is not None and generator.device.type == "cpu":
-        probs = probs.to("cpu")
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return int(draw_tensor(probs, generator))
+
+
+def draw_tensor(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """`draw` without reading the id back: a [1] long tensor on the generator's device (the
+    draw runs where the generator lives), so a device generator costs no host sync."""
+    if generator is not None and generator.device != probs.device:
+        probs = probs.to(generator.device)
+    return torch.multinomial(probs, 1, generator=generator)
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
@@ -61,3 +67,12 @@ def sample_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int | Non
     if temperature == 0:
         return int(logits.argmax())
     return draw(sampling_probs(logits, temperature, top_k, top_p), generator)
+
+
+def sample_next_tensor(logits: torch.Tensor, temperature: float = 0.0,
+                       top_k: int | None = None, top_p: float | None = None,
+                       generator: torch.Generator | None = None) -> torch.Tensor:
+    """`sample_next` as a [1] long tensor, computed where logits (and generator) live."""
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    return draw_tensor(sampling_probs(logits, temperature, top_k, top_p), generator)

@@ -8,7 +8,8 @@ silent fallback would hide a broken kernel behind the slower path.
 import pytest
 import torch
 
-from minillm.attention import TorchBackend, cpu_decode, decode_path, paged_decode_attention_ref
+from minillm.attention import (TorchBackend, choose_decode_path as decode_path, cpu_decode,
+                               paged_decode_attention_ref)
 from minillm.paged import PagedKVCache, block_table_tensor
 from test_paged_attention import CONTEXT_LENS, D, HKV, TOL, contiguous_attention, setup_sequences
 
@@ -106,6 +107,8 @@ def test_decode_path_choice(monkeypatch):
     monkeypatch.setenv("MINILLM_CPU_KERNEL", "0")
     assert cpu_decode.load_kernel() is None
     assert decode_path(TorchBackend(), cache) == "gather"
+    with pytest.raises(ValueError, match="decode_path='kernel' needs an fp32 cache"):
+        decode_path(TorchBackend(), cache, "kernel")  # asked for, but switched off
     with pytest.raises(RuntimeError, match="MINILLM_CPU_KERNEL=0"):
         cpu_decode.paged_decode_cpu(torch.zeros(1, 2, 16), cache.k_caches[0],
                                     cache.v_caches[0], torch.zeros(1, 1), torch.ones(1))

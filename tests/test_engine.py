@@ -129,12 +129,12 @@ def test_both_cpu_decode_paths_match_generate(model, workload, path):
     prompts, params, ref = workload
     engine = LLMEngine(model, num_blocks=400, block_size=BS, max_num_batched_tokens=24,
                        decode_path=path)
-    assert engine.runner.decode_path == path
+    assert engine.config.decode_path == path
     assert run(engine, prompts, params) == ref
 
 
 def test_cpu_engine_defaults_to_the_kernel(model):
-    assert LLMEngine(model, num_blocks=8, block_size=BS).runner.decode_path == "kernel"
+    assert LLMEngine(model, num_blocks=8, block_size=BS).config.decode_path == "kernel"
     with pytest.raises(ValueError, match="decode_path must be None"):
         LLMEngine(model, num_blocks=8, block_size=BS, decode_path="fast")
 
@@ -422,7 +422,7 @@ def test_engine_config_is_the_one_source_of_options(model):
     assert engine.config.block_size == engine.block_manager.block_size == 8
     assert engine.kv_cache.block_size == 8 and engine.scheduler.max_num_seqs == 4
     assert engine.config.max_model_len == model.config.max_position_embeddings  # resolved
-    assert engine.config.decode_path == engine.runner.decode_path == "kernel"
+    assert engine.config.decode_path == engine.runner.config.decode_path == "kernel"
     # The keyword form builds the same config.
     assert LLMEngine(model, block_size=8, num_blocks=40, max_num_seqs=4,
                      max_num_batched_tokens=32, enable_prefix_caching=False).config == engine.config

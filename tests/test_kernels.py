@@ -433,6 +433,11 @@ def test_kernels_compile_for_cuda_sm90_without_a_gpu():
 
     Uses triton.compile + ASTSource (ahead-of-time compilation, pinned triton 3.7.1) with
     the bundled ptxas, one representative configuration per kernel, fp16 and bf16.
+
+    The softmax scale is compiled both as fp32 (a direct launch) and as fp64: torch.compile
+    (Inductor) types a Python float argument of a user-defined Triton kernel as fp64
+    (torch._inductor.codegen.triton_utils.signature_of), which once turned the scores and
+    acc to fp64 and failed `tl.dot(p, v, acc)` on the H100 (issue 26).
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_INTERPRET"] = "0"
@@ -452,14 +457,19 @@ def test_kernels_compile_for_cuda_sm90_without_a_gpu():
                                options=options)
             assert "mma" in k.asm["ptx"] or not fn.__name__.startswith("_attn"), "no tensor-core MMA"
 
-        for dt, varlen in (("fp16", False), ("bf16", True)):
+        for dt, varlen, scale in (("fp16", False, "fp32"), ("bf16", True, "fp64")):
             types = {n: "*" + dt for n in ("Q", "K", "V", "Out")}
-            types.update(Lse="*fp32", cu_seqlens_q="*i32", cu_seqlens_k="*i32", qk_scale="fp32")
+            types.update(Lse="*fp32", cu_seqlens_q="*i32", cu_seqlens_k="*i32", qk_scale=scale)
             compile(fa._attn_fwd_kernel, types, dict(IS_VARLEN=varlen, CAUSAL=True, STORE_LSE=not varlen,
                     BLOCK_M=128, BLOCK_N=64, BLOCK_D=64), num_warps=8, num_stages=3)
         types = dict(Q="*bf16", KC="*bf16", VC="*bf16", BlockTables="*i32", ContextLens="*i32",
                      Out="*fp32", Lse="*fp32", qk_scale="fp32")
         compile(pd._paged_decode_kernel, types, dict(STORE_LSE=True, BLOCK_H=16, BLOCK_N=64, BLOCK_D=64),
+                num_warps=4, num_stages=2)
+        # What Inductor compiles for a compiled batch-1 decode step: one split, so the kernel
+        # writes the bf16 output directly, and the scale as fp64.
+        types.update(Out="*bf16", Lse="*bf16", qk_scale="fp64")
+        compile(pd._paged_decode_kernel, types, dict(STORE_LSE=False, BLOCK_H=16, BLOCK_N=64, BLOCK_D=64),
                 num_warps=4, num_stages=2)
         compile(pd._combine_splits_kernel, dict(Partial="*fp32", Lse="*fp32", Out="*bf16"),
                 dict(BLOCK_S=8, BLOCK_D=64), num_warps=4)

@@ -8,7 +8,8 @@ attention is computed. Contexts own storage; backends own math.
                    decode_attention (one query per sequence, GQA folded)
     contexts.py    NoCacheContext, ContiguousCacheContext (Lab 02's KVCache)
     paged.py       PagedAttentionMetadata, PagedAttentionContext: the serving engine's
-                   flattened step over a paged cache; `decode_path` picks how decodes attend
+                   flattened step over a paged cache; `choose_decode_path` picks how
+                   decodes attend
     paged_ref.py   the plain-PyTorch paged attention every paged kernel is checked against
     cpu_decode.py  the C++ CPU paged-decode kernel (csrc/), built on first use
 
@@ -18,12 +19,13 @@ nothing under `minillm.paged` imports it.
 from .backends import BACKENDS, TorchBackend, TritonBackend, decode_attention, get_backend
 from .contexts import ContiguousCacheContext, NoCacheContext
 from .paged import (DECODE_PATHS, PagedAttentionContext, PagedAttentionMetadata,
-                    decode_path)
+                    choose_decode_path, static_decode_problem)
 from .paged_ref import paged_decode_attention_ref, paged_prefill_attention_ref
 
 __all__ = [
     "BACKENDS", "TorchBackend", "TritonBackend", "decode_attention", "get_backend",
     "NoCacheContext", "ContiguousCacheContext",
-    "DECODE_PATHS", "PagedAttentionContext", "PagedAttentionMetadata", "decode_path",
+    "DECODE_PATHS", "PagedAttentionContext", "PagedAttentionMetadata", "choose_decode_path",
+    "static_decode_problem",
     "paged_decode_attention_ref", "paged_prefill_attention_ref",
 ]

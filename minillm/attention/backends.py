@@ -47,6 +47,9 @@ class TorchBackend:
     """Reference backend built on `scaled_dot_product_attention`."""
 
     name = "torch"
+    # May `paged_decode` run inside a CUDA graph (fixed shapes, no host sync)? Not this
+    # reference: it reads each sequence's context length back to the host.
+    graph_safe = False
 
     def dense(self, q, k, v, causal=True, key_padding_mask=None, sm_scale=None):
         T, S = q.shape[2], k.shape[2]
@@ -88,6 +91,7 @@ class TritonBackend(TorchBackend):
     """
 
     name = "triton"
+    graph_safe = True  # the paged-decode kernel reads lengths and block tables on the device
 
     def dense(self, q, k, v, causal=True, key_padding_mask=None, sm_scale=None):
         if key_padding_mask is not None:

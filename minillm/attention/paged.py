@@ -16,11 +16,15 @@ decodes (query_len == 1) FIRST, into tensors shared by every layer:
 through slot_mapping first, so a sequence's own new tokens are in the cache when it
 attends, then computes decode rows and prefill rows and returns [1, N, Hq, D].
 
-`PagedAttentionBuilder` is made once per engine: it holds the backend, the cache and the
-decode path (chosen and checked there, once), and each step `build(seqs)` returns the
-step's context.
+`build` works on the host (CPU tensors, no device work and no device sync); the engine's
+runner then sends every tensor of the step to the device in one copy (`tensors()`,
+`with_tensors()`). `decode_only` makes the metadata of a padded, static decode batch from
+tensors already on the device: what a CUDA graph captures (`minillm.engine.cuda_graph`).
 
-Decode rows take one of three paths (`decode_path`), chosen once per engine:
+Decode rows take one of three paths, a choice that belongs with the attention backend: the
+torch backend has two (the C++ kernel on the CPU, or PyTorch's gather), every other backend
+has its own paged kernel. `choose_decode_path` is the one place that picks it (the engine
+calls it once and records the result in `engine.config.decode_path`):
 
 - "kernel": on the CPU with the torch backend and an fp32 cache, the C++ kernel of
   `minillm.attention.cpu_decode` reads K/V in place through the block tables: the cache is
@@ -38,7 +42,7 @@ Decode rows take one of three paths (`decode_path`), chosen once per engine:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -50,19 +54,36 @@ DECODE_GROUP_MIN, DECODE_GROUP_RATIO = 8, 1.5
 DECODE_PATHS = ("kernel", "gather", "backend")
 
 
-def decode_path(backend, kv_cache: PagedKVCache, requested: str | None = None) -> str:
+def choose_decode_path(backend, kv_cache: PagedKVCache, requested: str | None = None) -> str:
     """The decode path for this backend and cache (see the module doc): `requested` if given
-    (checked), else the fastest one available."""
-    if requested is not None:
-        if requested not in DECODE_PATHS:
-            raise ValueError(f"decode_path must be None (choose) or one of {DECODE_PATHS}, "
-                             f"got {requested!r}")
-        return requested
-    if getattr(backend, "name", None) != "torch":
-        return "backend"
-    if cpu_decode.supports(kv_cache.k_caches[0]) and cpu_decode.load_kernel() is not None:
-        return "kernel"
-    return "gather"
+    (checked against what this machine can run), else the fastest one available."""
+    kernel_ok = cpu_decode.supports(kv_cache.k_caches[0]) and cpu_decode.load_kernel() is not None
+    if requested is None:
+        if getattr(backend, "name", None) != "torch":
+            return "backend"
+        return "kernel" if kernel_ok else "gather"
+    if requested not in DECODE_PATHS:
+        raise ValueError(f"decode_path must be None (choose) or one of {DECODE_PATHS}, "
+                         f"got {requested!r}")
+    if requested == "kernel" and not kernel_ok:
+        raise ValueError(f"decode_path='kernel' needs an fp32 cache on the CPU with head_dim a "
+                         f"multiple of 8 and the C++ kernel built (MINILLM_CPU_KERNEL not 0); "
+                         f"this cache is {kv_cache.dtype} on {kv_cache.device} with head_dim "
+                         f"{kv_cache.head_dim}: pass None (choose) or 'gather'")
+    return requested
+
+
+def static_decode_problem(path: str, backend, device: torch.device) -> str | None:
+    """Why decode rows on `path` cannot run as a padded batch of fixed shape that a CUDA
+    graph may capture (static shapes, no host sync), or None if they can."""
+    if path == "gather":
+        return ("the gather path's key groups take their shapes from the step's context "
+                "lengths")
+    if (torch.device(device).type == "cuda" and path == "backend"
+            and not getattr(backend, "graph_safe", False)):
+        return (f"the {getattr(backend, 'name', type(backend).__name__)} backend's "
+                f"paged_decode reads the context lengths back to the host")
+    return None
 
 
 def _slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -87,10 +108,11 @@ class PagedAttentionMetadata:
 
     @classmethod
     def build(cls, seqs: list[tuple[list[int], int, int]], block_size: int,
-              device: torch.device | str = "cpu",
               decode_groups: bool = True) -> "PagedAttentionMetadata":
         """seqs: (block_table, start, query_len) per sequence, every query_len == 1 first.
-        decode_groups=False skips the gather path's padded slots (the kernels don't read them)."""
+        decode_groups=False skips the gather path's padded slots (the kernels don't read them).
+        Every tensor is built on the CPU (move them with `tensors` / `with_tensors`)."""
+        device = "cpu"
         lens = [q for _, _, q in seqs]
         nd = 0
         while nd < len(seqs) and lens[nd] == 1:
@@ -136,6 +158,36 @@ class PagedAttentionMetadata:
                    key_slots)
 
 
+    @classmethod
+    def decode_only(cls, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                    context_lens: torch.Tensor) -> "PagedAttentionMetadata":
+        """A step of decode rows only, from device tensors of fixed shape (no host work):
+        slot_mapping [B] long, block_tables [B, max_blocks] and context_lens [B] int32."""
+        empty = slot_mapping.new_zeros(0)
+        zero = context_lens.new_zeros(1)
+        return cls(slot_mapping, slot_mapping.shape[0], block_tables, context_lens, [],
+                   zero, zero, 0, 0, empty)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the metadata, in a fixed order (see `with_tensors`)."""
+        out = [getattr(self, name) for name in _TENSOR_FIELDS]
+        for _, _, slots, mask in self.decode_groups:
+            out += [slots, mask]
+        return out
+
+    def with_tensors(self, tensors: list[torch.Tensor]) -> "PagedAttentionMetadata":
+        """A copy holding `tensors` (same order and shapes as `tensors()`, e.g. moved to the
+        device together)."""
+        n = len(_TENSOR_FIELDS)
+        groups = [(i, j, tensors[n + 2 * g], tensors[n + 2 * g + 1])
+                  for g, (i, j, _, _) in enumerate(self.decode_groups)]
+        return replace(self, decode_groups=groups, **dict(zip(_TENSOR_FIELDS, tensors)))
+
+
+_TENSOR_FIELDS = ("slot_mapping", "decode_block_tables", "decode_context_lens", "cu_seqlens_q",
+                  "cu_seqlens_k", "prefill_key_slots")
+
+
 def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                               slots: torch.Tensor, key_mask: torch.Tensor,
                               sm_scale: float | None = None) -> torch.Tensor:
@@ -148,33 +200,14 @@ def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     return decode_attention(q, k.transpose(1, 2), v.transpose(1, 2), key_mask, sm_scale)
 
 
-class PagedAttentionBuilder:
-    """One per engine: the backend, the paged cache and the decode path, chosen and checked
-    once here. `build(seqs)` makes each step's `PagedAttentionContext`."""
-
-    def __init__(self, backend, kv_cache: PagedKVCache, path: str | None = None):
-        self.backend, self.kv_cache = backend, kv_cache
-        self.decode_path = decode_path(backend, kv_cache, path)
-
-    def build(self, seqs: list[tuple[list[int], int, int]],
-              device: torch.device | str = "cpu") -> "PagedAttentionContext":
-        """seqs: (block_table, start, query_len) per sequence, decodes first (see
-        `PagedAttentionMetadata.build`)."""
-        meta = PagedAttentionMetadata.build(seqs, self.kv_cache.block_size, device,
-                                            decode_groups=self.decode_path == "gather")
-        return PagedAttentionContext(self.backend, self.kv_cache, meta, self.decode_path)
-
-
 class PagedAttentionContext:
     """Plugs into `LlamaModel`'s layers: `attend(layer_idx, q, k, v)` over a paged cache.
-    path: one of DECODE_PATHS (the engine passes the one its builder chose); None picks
-    `decode_path(backend, kv_cache)` here, for direct use."""
+    path: one of DECODE_PATHS, as `choose_decode_path` returned it (the engine's config)."""
 
     def __init__(self, backend, kv_cache: PagedKVCache, metadata: PagedAttentionMetadata,
-                 path: str | None = None):
-        self.backend, self.kv_cache, self.meta = backend, kv_cache, metadata
-        self.path = path if path in DECODE_PATHS else decode_path(backend, kv_cache, path)
-        if self.path == "gather" and metadata.num_decode_tokens and not metadata.decode_groups:
+                 path: str):
+        self.backend, self.kv_cache, self.meta, self.path = backend, kv_cache, metadata, path
+        if path == "gather" and metadata.num_decode_tokens and not metadata.decode_groups:
             raise ValueError("the gather path needs metadata built with decode_groups=True")
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor,

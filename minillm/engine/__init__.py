@@ -2,7 +2,9 @@
 
     request.py       SamplingParams, Request (num_computed_tokens), RequestOutput, metrics
     scheduler.py     who runs each step, under a token budget; chunked prefill; preemption
-    model_runner.py  one flattened forward pass per step; per-request sampling
+    model_runner.py  one flattened forward pass per step; sampling on the device
+    cuda_graph.py    decode-only steps padded to batch buckets, one CUDA graph per bucket
+    staging.py       a step's inputs to the device in one copy from pinned memory
     config.py        EngineConfig: every engine option, checked once
     step.py          run_step: one step of the loop (shared with Lab 05's simulator)
     llm_engine.py    LLMEngine: add_request / step / abort_request / generate / stats

@@ -9,9 +9,17 @@ the block manager and the KV cache all take their sizes from the one config the 
 holds (`engine.config`), so no option has two sources of truth.
 
 The values that depend on the model (`max_model_len` = the model's context length,
-`num_blocks` from the memory budget, the `decode_path` this machine supports) may be left
-None; `LLMEngine` resolves them and keeps the resolved config (`dataclasses.replace`), so
-`engine.config` always says what is in use.
+`num_blocks` from the memory budget, the `decode_path` this machine supports, whether decode
+steps go through CUDA graphs) may be left None; `LLMEngine` resolves them and keeps the
+resolved config (`dataclasses.replace`), so `engine.config` always says what is in use.
+
+CUDA graphs (`minillm.engine.cuda_graph`). `enforce_eager=None` resolves to False (graphs)
+on CUDA when the decode path can be captured (the Triton backend), else True. On a CPU it
+resolves to True: there is nothing to capture, and padding a batch to its bucket only adds
+rows to compute. `enforce_eager=False` on a CPU runs the same padded static decode step
+without capture (the CPU tests check it against eager). Decode steps of more than
+`max_cudagraph_capture_size` sequences run eagerly (the engine warns once at start if
+`max_num_seqs` allows such steps).
 """
 from __future__ import annotations
 
@@ -40,11 +48,13 @@ class EngineConfig:
     watermark: float = 0.01
     max_model_len: int | None = None           # None: the model's context length
     decode_path: str | None = None             # None: the fastest this machine supports
+    enforce_eager: bool | None = None          # None: CUDA graphs where they apply (above)
+    max_cudagraph_capture_size: int = 512      # the largest decode batch with a graph
     max_finished_metrics: int = 10_000         # RequestMetrics kept for finished requests
 
     def __post_init__(self):
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens",
-                     "max_finished_metrics"):
+                     "max_finished_metrics", "max_cudagraph_capture_size"):
             _check_int(name, getattr(self, name))
         for name in ("num_blocks", "kv_cache_memory_bytes", "max_model_len"):
             if getattr(self, name) is not None:
@@ -53,6 +63,9 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"EngineConfig.{name} must be True or False, "
                                  f"got {getattr(self, name)!r}")
+        if self.enforce_eager is not None and not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"EngineConfig.enforce_eager must be None (CUDA graphs where they "
+                             f"apply), True or False, got {self.enforce_eager!r}")
         if self.scheduling not in SCHEDULING:
             raise ValueError(f"EngineConfig.scheduling (the batching policy) must be one of "
                              f"{SCHEDULING}, "
@@ -72,6 +85,21 @@ class EngineConfig:
     def watermark_blocks(self) -> int:
         """Blocks that admission leaves free (needs a resolved num_blocks)."""
         return int(self.watermark * (self.num_blocks or 0))
+
+    def pool_fit_error(self, num_prompt_tokens: int, max_tokens: int) -> str | None:
+        """Why a request could never run in this pool even alone, or None if it fits (needs
+        a resolved num_blocks). It may need the K/V of prompt + max_tokens - 1 tokens (the
+        last token is sampled, never computed). The one rule both the engine's
+        `add_request` and the server's admission apply."""
+        need = num_prompt_tokens + max_tokens - 1
+        blocks = -(-need // self.block_size)
+        if blocks <= self.num_blocks:
+            return None
+        return (f"this request needs up to {blocks} KV blocks of {self.block_size} tokens "
+                f"(prompt {num_prompt_tokens} + max_tokens {max_tokens} - 1) but the whole "
+                f"pool has {self.num_blocks}: it could never run; shorten the prompt, lower "
+                f"max_tokens, or give the engine more blocks (num_blocks / "
+                f"kv_cache_memory_bytes)")
 
 
 def _check_int(name: str, value, extra: str = "") -> None:

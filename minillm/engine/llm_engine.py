@@ -11,7 +11,8 @@ sampling rows) -> `Scheduler.advance` (num_computed_tokens) -> fork n > 1 sample
 `sample_tokens` -> `Scheduler.append_tokens` (stop checks, free finished blocks).
 
 Every option lives in one `EngineConfig` (`minillm.engine.config`); `engine.config` is the
-resolved one in use (max_model_len, num_blocks and decode_path filled in).
+resolved one in use (max_model_len, num_blocks, decode_path and enforce_eager filled in).
+`_resolve` is the one place that decides them; the runner only reads them.
 
 Sizing. `num_blocks=None` sizes the pool from a byte budget: `kv_cache_memory_bytes`, or by
 default half the free GPU memory on CUDA, and on CPU a quarter of the available RAM capped
@@ -27,7 +28,12 @@ use; on a GPU, 2048-8192 fits the faster matmuls better.
 `decode_path` picks how decode rows attend (see `minillm.attention.paged`): None chooses
 "kernel" (the C++ paged-decode kernel, K/V read in place) on a CPU where it builds, else
 "gather" (PyTorch: gather K/V, then SDPA) with the torch backend, and "backend" (the
-backend's own paged kernel, e.g. Triton) otherwise. The benchmark passes it explicitly.
+backend's own paged kernel, e.g. Triton) otherwise. The benchmark passes it explicitly, or
+switches it between steps with `set_decode_path` (which keeps `engine.config` current).
+
+CUDA graphs: with `enforce_eager=False` (the default on CUDA with the Triton backend)
+decode-only steps replay a captured graph per batch bucket (`minillm.engine.cuda_graph`);
+see `EngineConfig` for how the default resolves and what a CPU does.
 
 Admission errors are raised by `add_request`, never later: a duplicate id, a prompt plus
 max_tokens beyond the model's context, a request that could not fit the pool even alone
@@ -36,11 +42,13 @@ max_tokens beyond the model's context, a request that could not fit the pool eve
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
 
+from ..attention.paged import choose_decode_path, static_decode_problem
 from ..paged.block_manager import BlockManager
 from ..paged.kv_cache import PagedKVCache
 from ..prompts import check_context_length, check_prompt
@@ -76,15 +84,16 @@ class LLMEngine:
             raise TypeError(f"unknown engine option(s) {unknown}; the options are "
                             f"{list(EngineConfig.option_names())}")
         self.model, self.tokenizer = model, tokenizer
-        self.config = config = self._resolve(config or EngineConfig(**options), model)
+        self._requested = config or EngineConfig(**options)
+        config = self._resolve_sizes(self._requested, model)
         self.block_manager = BlockManager(config.num_blocks, config.block_size,
                                           config.enable_prefix_caching)
         cfg = model.config
         self.kv_cache = PagedKVCache(cfg.num_layers, config.num_blocks, config.block_size,
                                      cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device)
         self.scheduler = Scheduler(self.block_manager, config=config)
-        self.runner = ModelRunner(model, self.kv_cache, self.block_manager, config.decode_path)
-        self.config = replace(config, decode_path=self.runner.decode_path)
+        self.config = self._resolve(config)
+        self.runner = ModelRunner(model, self.kv_cache, self.block_manager, self.config)
         self.requests: dict[str, list[Request]] = {}  # unfinished, by request_id
         # Metrics of the most recent finished sequences, oldest first, keyed (request_id,
         # index). Bounded (config.max_finished_metrics), so a long-running server does not
@@ -96,7 +105,7 @@ class LLMEngine:
         self.num_cow_copies = self._num_generate_calls = 0
 
     @staticmethod
-    def _resolve(config: EngineConfig, model) -> EngineConfig:
+    def _resolve_sizes(config: EngineConfig, model) -> EngineConfig:
         """Fill in what depends on the model: max_model_len and num_blocks."""
         cfg = model.config
         max_model_len = config.max_model_len or cfg.max_position_embeddings
@@ -111,6 +120,36 @@ class LLMEngine:
                                                    cfg.num_kv_heads, cfg.head_dim, model.dtype),
                 config.max_num_seqs * -(-max_model_len // config.block_size))
         return replace(config, max_model_len=max_model_len, num_blocks=num_blocks)
+
+    def _resolve(self, config: EngineConfig) -> EngineConfig:
+        """Decide how steps run, once: the decode path and whether decode steps use CUDA
+        graphs (the rules are in `EngineConfig`'s and `minillm.attention.paged`'s docs)."""
+        backend, device = self.model.attn_backend, self.model.device
+        path = choose_decode_path(backend, self.kv_cache, config.decode_path)
+        problem = static_decode_problem(path, backend, device)
+        eager = config.enforce_eager
+        if eager is None:
+            eager = device.type != "cuda" or problem is not None
+        elif not eager and problem:
+            raise ValueError(f"enforce_eager=False (CUDA graphs) cannot serve decode_path="
+                             f"{path!r}: {problem}; use the Triton backend "
+                             f"(model.set_attn_backend('triton')) or enforce_eager=True")
+        top = config.max_cudagraph_capture_size
+        if not eager and config.max_num_seqs > top:
+            warnings.warn(f"max_num_seqs={config.max_num_seqs} is above the largest CUDA-graph "
+                          f"batch (max_cudagraph_capture_size={top}): decode steps of more "
+                          f"than {top} sequences run eagerly", stacklevel=3)
+        return replace(config, decode_path=path, enforce_eager=eager)
+
+    def set_decode_path(self, path: str | None) -> None:
+        """Switch how decode rows attend, between steps (the serving benchmark alternates
+        paths within one run). Decided like at start, and `engine.config` follows; the
+        runner is rebuilt (with CUDA graphs on, that re-captures them)."""
+        self._requested = replace(self._requested, decode_path=path)
+        config = self._resolve(replace(self.config, decode_path=path,
+                                       enforce_eager=self._requested.enforce_eager))
+        self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, config)
+        self.config = config
 
     @property
     def max_model_len(self) -> int:
@@ -135,20 +174,17 @@ class LLMEngine:
                              f"use a unique id per request")
         prompt = self._check_prompt(prompt_ids)
         check_context_length(len(prompt), params.max_tokens, self.max_model_len, "max_tokens")
+        too_big = self.config.pool_fit_error(len(prompt), params.max_tokens)
+        if too_big:
+            raise ValueError(f"request {request_id!r}: {too_big}")
         need = len(prompt) + params.max_tokens - 1  # tokens whose K/V may be computed
-        bs, nb = self.config.block_size, self.config.num_blocks
-        if -(-need // bs) > nb:
-            raise ValueError(f"request {request_id!r} needs {-(-need // bs)} KV blocks of {bs} "
-                             f"tokens but the whole pool has {nb}: it could never run. Give "
-                             f"the engine more blocks (num_blocks / kv_cache_memory_bytes) or "
-                             f"lower max_tokens")
         if not self.config.chunked_prefill and need > self.config.max_num_batched_tokens:
             raise ValueError(f"without chunked prefill a request is computed in one step, and "
                              f"this one may need {need} tokens > max_num_batched_tokens="
                              f"{self.config.max_num_batched_tokens}; enable chunked_prefill "
                              f"or raise the budget")
         req = Request(request_id, prompt, params, self.model.config.eos_token_id, 0,
-                      arrival_time)
+                      arrival_time, self.model.device)
         self.requests[request_id] = [req]
         self.scheduler.add(req)
 

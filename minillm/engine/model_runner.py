@@ -1,44 +1,50 @@
 """The model runner: ONE forward pass per engine step, over every scheduled token.
 
 The tokens of all scheduled sequences are flattened into input_ids [1, N] and positions
-[1, N], decodes (query_len == 1) first, then prefill chunks. Nothing is padded: a step's
-cost is the number of tokens it computes. Attention reads and writes the paged KV cache
-through the context `PagedAttentionBuilder` makes for the step (block tables,
-slot_mapping).
+[1, N], decodes (query_len == 1) first, then prefill chunks. Eager steps pad nothing: a
+step's cost is the number of tokens it computes. Attention reads and writes the paged KV
+cache through the step's `PagedAttentionContext` (block tables, slot_mapping).
+
+A decode-only step goes through `DecodeGraphs` instead, unless the config says
+`enforce_eager`: its rows padded to a bucket size, replayed as a CUDA graph on a GPU
+(`minillm.engine.cuda_graph`). Prefill and mixed steps always run eagerly.
+
+No host syncs in a step: its inputs are built on the host and reach the device in one
+copy (`HostToDevice`, or the graph runner's own buffer), the model is called without its
+argument checks (they would read positions back), sampling runs on the device, and the
+sampled ids come back in one copy at the end (`sample_tokens`).
 
 Only the sequences that sample this step (those whose last token is computed now) need
 logits, so the runner asks the model for `hidden_states`, picks one row per sampling
 sequence, and runs `compute_logits` on those rows alone: for a 512-token prefill chunk that
 skips a [512, 576] x [576, 49152] product (the LM head is ~20% of SmolLM2's weights).
 
-Sampling is per request, with its own seeded generator (seed + sample index), so a
-request's tokens do not depend on what else is in the batch. Greedy rows are one argmax.
+Sampling is per request, with its own seeded generator (seed + sample index) on the model's
+device, so a request's tokens do not depend on what else is in the batch. Greedy rows are
+one argmax.
 """
 from __future__ import annotations
 
 import torch
 
-from ..attention.paged import PagedAttentionBuilder, decode_path
+from ..attention.paged import PagedAttentionContext, PagedAttentionMetadata
 from ..paged.kv_cache import PagedKVCache
-from ..sampling import sample_next
+from ..sampling import sample_next_tensor
+from .cuda_graph import DecodeGraphs
 from .request import Request
 from .scheduler import SchedulerOutput
+from .staging import HostToDevice
 
 
 class ModelRunner:
-    def __init__(self, model, kv_cache: PagedKVCache, block_manager, path: str | None = None):
+    """Runs steps as `config` (the engine's resolved config) says: its decode_path and
+    enforce_eager are read here, never changed."""
+
+    def __init__(self, model, kv_cache: PagedKVCache, block_manager, config):
         self.model, self.kv_cache, self.block_manager = model, kv_cache, block_manager
-        self.attention = PagedAttentionBuilder(model.attn_backend, kv_cache, path)
-
-    @property
-    def decode_path(self) -> str:
-        """How decode rows attend (see minillm.attention.paged)."""
-        return self.attention.decode_path
-
-    @decode_path.setter
-    def decode_path(self, path: str) -> None:
-        # The serving benchmark alternates the path between steps (an in-run A/B).
-        self.attention.decode_path = decode_path(self.model.attn_backend, self.kv_cache, path)
+        self.config = config
+        self.staging = HostToDevice(model.device)
+        self.graphs = None if config.enforce_eager else DecodeGraphs(model, kv_cache, config)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
@@ -46,40 +52,59 @@ class ModelRunner:
         sample, in their order in `out.seqs`."""
         if not out.seqs:
             raise ValueError("nothing scheduled: the scheduler returned an empty step")
-        device = self.model.device
-        # Decodes first, by context length (the attention context groups similar lengths);
-        # then prefill chunks in scheduler order.
+        if out.copy_on_write:  # before this step writes into the copies
+            self.kv_cache.copy_blocks(out.copy_on_write)
+        seqs = out.seqs
+        if (self.graphs is not None and all(s.num_new_tokens == 1 for s in seqs)
+                and self.graphs.bucket(len(seqs)) is not None):
+            sampling = [i for i, s in enumerate(seqs) if s.samples]
+            h = self.graphs.run([(self.block_manager.get_block_table(s.request.seq_id),
+                                  s.start, s.request.token_ids(s.start, s.start + 1)[0])
+                                 for s in seqs], sampling)
+        else:
+            h = self._eager(out)
+        return self.model.compute_logits(h).float()
+
+    def _eager(self, out: SchedulerOutput) -> torch.Tensor:
+        """The step as one flattened, unpadded pass; hidden states of the sampling rows."""
+        # Decodes first, by context length (the gather path groups similar lengths); then
+        # prefill chunks in scheduler order.
         order = sorted(range(len(out.seqs)), key=lambda i: (
             out.seqs[i].num_new_tokens != 1,
             out.seqs[i].start if out.seqs[i].num_new_tokens == 1 else 0))
         ids, positions, meta_seqs, last_row = [], [], [], {}
         for i in order:
             s = out.seqs[i]
-            tokens = s.request.all_token_ids[s.start:s.start + s.num_new_tokens]
-            ids += tokens
+            ids += s.request.token_ids(s.start, s.start + s.num_new_tokens)
             positions += range(s.start, s.start + s.num_new_tokens)
             last_row[i] = len(ids) - 1
             meta_seqs.append((self.block_manager.get_block_table(s.request.seq_id), s.start,
                               s.num_new_tokens))
-        if out.copy_on_write:  # before this step writes into the copies
-            self.kv_cache.copy_blocks(out.copy_on_write)
-        ctx = self.attention.build(meta_seqs, device)
-        h = self.model.hidden_states(torch.tensor([ids], device=device),
-                                     torch.tensor([positions], device=device), ctx)
+        path = self.config.decode_path
+        meta = PagedAttentionMetadata.build(meta_seqs, self.kv_cache.block_size,
+                                            decode_groups=path == "gather")
         rows = [last_row[i] for i, s in enumerate(out.seqs) if s.samples]
-        return self.model.compute_logits(h[0, torch.tensor(rows, dtype=torch.long,
-                                                           device=device)]).float()
+        ids_t, pos_t, rows_t, *tensors = self.staging.send(
+            [torch.tensor(ids), torch.tensor(positions), torch.tensor(rows, dtype=torch.long),
+             *meta.tensors()])
+        ctx = PagedAttentionContext(self.model.attn_backend, self.kv_cache,
+                                    meta.with_tensors(tensors), path)
+        h = self.model.hidden_states(ids_t[None], pos_t[None], ctx, check=False)
+        return h[0].index_select(0, rows_t)
 
 
 def sample_tokens(logits: torch.Tensor, requests: list[tuple[Request, int]]) -> list[int]:
-    """One token per (request, logits row). Greedy requests share one argmax."""
-    greedy = logits.argmax(-1).tolist() if len(logits) else []
-    out = []
-    for req, row in requests:
-        p = req.params
-        if p.temperature == 0:
-            out.append(greedy[row])
-        else:
-            out.append(sample_next(logits[row], p.temperature, p.top_k, p.top_p,
-                                   req.generator))
-    return out
+    """One token per (request, logits row), chosen on the logits' device; the ids come back
+    to the host in one copy. Greedy rows share one argmax; a sampled row draws with its
+    request's generator (on the model's device)."""
+    if not requests:
+        return []
+    greedy = logits.argmax(-1)
+    if all(req.params.temperature == 0 for req, _ in requests):
+        ids = greedy.tolist()
+        return [ids[row] for _, row in requests]
+    picks = [greedy[row:row + 1] if req.params.temperature == 0 else
+             sample_next_tensor(logits[row], req.params.temperature, req.params.top_k,
+                                req.params.top_p, req.generator).to(logits.device)
+             for req, row in requests]
+    return torch.cat(picks).tolist()

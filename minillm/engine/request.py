@@ -15,6 +15,8 @@ Invariants:
   part of the request's "prompt" when it is admitted again, so its output never changes.
 - For n > 1 the engine runs one `Request` per sample (`index` 0..n-1). They share the
   prompt's blocks (fork, then copy-on-write) and sample with seed + index.
+- A seeded request's generator lives on `device` (the model's), so its draws happen where
+  the logits are, with no copy to the host (`minillm.engine.model_runner.sample_tokens`).
 """
 from __future__ import annotations
 
@@ -111,7 +113,7 @@ class Request:
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  eos_token_id: int | None = None, index: int = 0,
-                 arrival_time: float | None = None):
+                 arrival_time: float | None = None, device: torch.device | str | None = None):
         self.request_id, self.index = request_id, index
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
@@ -123,7 +125,8 @@ class Request:
         # Samples 1..n-1 are forked from this one once its prompt is computed.
         self.num_pending_forks = params.n - 1 if index == 0 else 0
         seed = None if params.seed is None else params.seed + index
-        self.generator: torch.Generator | None = make_generator(seed)
+        self.device = device
+        self.generator: torch.Generator | None = make_generator(seed, device)
         self.metrics = RequestMetrics(time.perf_counter() if arrival_time is None
                                       else arrival_time)
 
@@ -135,6 +138,12 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens start..end-1 of prompt + output, without building the whole list."""
+        n = len(self.prompt_token_ids)
+        return (self.prompt_token_ids[start:min(end, n)]
+                + self.output_token_ids[max(start - n, 0):max(end - n, 0)])
 
     @property
     def num_tokens(self) -> int:
@@ -162,7 +171,7 @@ class Request:
     def fork(self, index: int, arrival_time: float) -> "Request":
         """Sample `index` of this prompt: same tokens and progress, its own generator."""
         child = Request(self.request_id, self.prompt_token_ids, self.params, None, index,
-                        arrival_time)
+                        arrival_time, self.device)
         child.stop_ids = self.stop_ids
         child.num_computed_tokens = self.num_computed_tokens
         child.status = self.status

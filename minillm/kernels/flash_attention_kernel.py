@@ -80,6 +80,7 @@ def _attn_fwd_kernel(
     IS_VARLEN: tl.constexpr, CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    qk_scale = tl.cast(qk_scale, tl.float32)  # Inductor passes Python floats as fp64 (paged_decode.py)
     # grid: (query tiles, batch * query heads). For varlen, "batch" is the sequence index
     # and the batch strides are 0: a sequence starts at token cu_seqlens[b].
     pid_m = tl.program_id(0)

@@ -59,6 +59,9 @@ def _paged_decode_kernel(
     group, block_size, tokens_per_split, head_dim, qk_scale,
     STORE_LSE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    # torch.compile (Inductor) passes a Python float as fp64: in fp64 the scores, and through
+    # them acc, would no longer be the fp32 that tl.dot accumulates into.
+    qk_scale = tl.cast(qk_scale, tl.float32)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -268,7 +271,10 @@ def paged_decode_attention(
     group = hq // hkv
 
     if num_splits == 1:  # write the final output directly, viewed as [B, Hq, 1, D]
-        partial, lse = out, out
+        # Lse is never written (STORE_LSE=False); a tensor of its own, not `out` again:
+        # torch.compile treats each pointer a kernel may store to as a separate output, and
+        # two aliases of `out` could be copied back in the wrong order.
+        partial, lse = out, out.new_empty(0)
         p_strides = (out.stride(0), out.stride(1), 0, out.stride(2))
         l_strides = (0, 0, 0)
     else:

@@ -11,6 +11,10 @@ Invariants:
   no other row changes.
 - `copy_blocks([(src, dst), ...])` makes block dst equal block src in every layer, K and V
   (copy-on-write after a fork); dst blocks are fresh, never a src of the same call.
+- One row past the last block, `trash_slot` (= num_blocks * block_size), belongs to no
+  block: a write to it changes nothing any sequence reads. The padded rows of a CUDA-graph
+  decode batch (`minillm.engine.cuda_graph`) write there, so the captured step needs no
+  branch and no mask to skip them.
 - `block_table_tensor` pads short tables with 0, a valid block id: kernels read only the
   entries below cdiv(context_len, block_size), and a stray read of the padding stays in
   bounds instead of reading outside the cache.
@@ -32,12 +36,21 @@ class PagedKVCache:
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
         self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # Flat storage [slots + 1 trash row, Hkv, D] per layer; the caches view its blocks.
+        flat = (num_blocks * block_size + 1, num_kv_heads, head_dim)
+        self._k_flat = [torch.zeros(flat, dtype=dtype, device=device) for _ in range(num_layers)]
+        self._v_flat = [torch.zeros(flat, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k_caches = [f[:-1].view(shape) for f in self._k_flat]
+        self.v_caches = [f[:-1].view(shape) for f in self._v_flat]
 
     @property
     def device(self) -> torch.device:
         return self.k_caches[0].device
+
+    @property
+    def trash_slot(self) -> int:
+        """The slot that belongs to no block: writes to it are discarded (see the module doc)."""
+        return self.num_blocks * self.block_size
 
     @staticmethod
     def block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -74,17 +87,17 @@ class PagedKVCache:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor,
               slot_mapping: torch.Tensor | Sequence[int]) -> None:
-        """Store k, v `[N, Hkv, D]` of N tokens into their slots `slot_mapping[N]`."""
-        kc, vc = self.k_caches[layer], self.v_caches[layer]
-        if k.shape != v.shape or k.dim() != 3 or k.shape[1:] != kc.shape[2:]:
+        """Store k, v `[N, Hkv, D]` of N tokens into their slots `slot_mapping[N]` (a slot
+        in [0, trash_slot]; `trash_slot` discards the row)."""
+        kc, vc = self._k_flat[layer], self._v_flat[layer]
+        if k.shape != v.shape or k.dim() != 3 or k.shape[1:] != kc.shape[1:]:
             raise ValueError(f"k and v must both be [N, {self.num_kv_heads}, {self.head_dim}]; "
                              f"got {tuple(k.shape)} and {tuple(v.shape)}")
         slots = torch.as_tensor(slot_mapping, dtype=torch.long, device=kc.device).reshape(-1)
         if slots.numel() != k.shape[0]:
             raise ValueError(f"slot_mapping has {slots.numel()} slots for {k.shape[0]} tokens")
-        flat = (-1, self.num_kv_heads, self.head_dim)
-        kc.view(flat).index_copy_(0, slots, k.to(kc.dtype))
-        vc.view(flat).index_copy_(0, slots, v.to(vc.dtype))
+        kc.index_copy_(0, slots, k.to(kc.dtype))
+        vc.index_copy_(0, slots, v.to(vc.dtype))
 
     def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
         """Copy block src to block dst in every layer, K and V (copy-on-write)."""

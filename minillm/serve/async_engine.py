@@ -87,7 +87,6 @@ class AsyncEngine:
         self.engine, self.config, self.metrics = engine, config, metrics
         self.tokens = TokenTable(tokenizer)
         self.block_size = engine.config.block_size
-        self.num_blocks = engine.config.num_blocks
         self.streams: dict[str, RequestStream] = {}   # in flight (added or pending)
         self._pending_adds: list[RequestStream] = []
         self._adding: list[RequestStream] = []  # handed to the engine thread this turn
@@ -139,11 +138,9 @@ class AsyncEngine:
         if self.draining:
             raise self._shed("the server is shutting down and admits no new requests; "
                              "retry against another replica", "draining")
-        need_all = -(-(len(prompt_ids) + params.max_tokens - 1) // self.block_size)
-        if need_all > self.num_blocks:
-            raise invalid(f"this request needs up to {need_all} KV blocks but the server's "
-                          f"whole pool has {self.num_blocks}: it could never run; shorten the "
-                          f"prompt or lower max_tokens", "max_tokens", "context_length_exceeded")
+        too_big = self.engine.config.pool_fit_error(len(prompt_ids), params.max_tokens)
+        if too_big:
+            raise invalid(too_big, "max_tokens", "context_length_exceeded")
         if shed:
             # the snapshot predates the adds in flight to the engine thread: count them too
             queued = self._pending_adds + self._adding
