@@ -3,6 +3,9 @@
     python benchmarks/gpu_check.py                 # on a CUDA machine (or: make gpu-check)
     python benchmarks/gpu_check.py --quick         # a subset, under 3 minutes
     python benchmarks/gpu_check.py --cpu-dry-run   # no GPU: every path at tiny sizes on CPU
+    python benchmarks/gpu_check.py --autotune      # re-measure the kernels' tile configs:
+                                                   #   <out>.tuned.json, for pin_configs.py
+    python benchmarks/gpu_check.py --random-weights  # model sections without the GGUF
 
 Sections (each isolated: one that raises is reported with its error and the rest still
 run; each has a time box, and what it had no time for is listed as skipped):
@@ -336,6 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="the JSON report (default: benchmarks/results/"
                     "gpu.json, or gpu_cpu_dry_run.json for a dry run)")
     ap.add_argument("--markdown", type=Path, help="also write the Markdown table here")
+    ap.add_argument("--autotune", action="store_true",
+                    help="time every tile config of each new kernel bucket (instead of the "
+                    "pinned ones) and write the best to <out>.tuned.json, for "
+                    "benchmarks/pin_configs.py --merge")
+    ap.add_argument("--random-weights", action="store_true",
+                    help="model sections on SmolLM2's shapes with random weights (no GGUF "
+                    "needed; speeds and graph-vs-eager checks hold, quality rows mean nothing)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() and not args.cpu_dry_run:
         print(NO_GPU_LINE)
@@ -349,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import minillm.kernels  # noqa: F401  (before transformers: sets TRITON_INTERPRET on CPU)
+    from minillm.kernels import tuning
+    if args.autotune:
+        tuning.set_autotune(True)
     # The section modules import Section from `gpu_check`: run as a script this module is
     # `__main__`, and must not be imported a second time under its own name.
     sys.modules.setdefault("gpu_check", sys.modules[__name__])
@@ -378,20 +391,40 @@ def main(argv: list[str] | None = None) -> int:
                 "seconds": round(time.monotonic() - t0, 1), "environment": env,
                 "sections": entries}
 
+    tuned = out.with_name(out.stem + ".tuned.json")
+
+    def progress(entries: list[dict]) -> None:
+        write_report(report_of(entries, False), out, args.markdown)
+        if args.autotune:  # what was measured so far survives a cut run too
+            write_tuned(tuned, env)
+
     write_report(report_of([_skipped_entry(s, NOT_REACHED) for s in sections], False), out,
                  args.markdown)
+    options = {"compile": not args.no_compile, "random_weights": args.random_weights}
     try:
-        entries = run_sections(sections, mode, device, env, {"compile": not args.no_compile},
-                               on_progress=lambda es: write_report(report_of(es, False), out,
-                                                                   args.markdown))
+        entries = run_sections(sections, mode, device, env, options, on_progress=progress)
     except RunInterrupted as e:  # run_sections wrote what was measured
         print(f"\ninterrupted by {e.name}: wrote {out}", flush=True)
         return 128 + e.signum
     report = report_of(entries, True)
     md = write_report(report, out, args.markdown)
+    if args.autotune:
+        print(f"wrote {write_tuned(tuned, env)} ({len(tuning.measured())} tuned buckets)")
     print("\n" + md)
     print(f"wrote {out}; {summary(report)}")
     return 0 if report["ok"] else 1
+
+
+def write_tuned(path: Path, env: dict) -> Path:
+    """The tile configs this run's autotuning chose, for benchmarks/pin_configs.py --merge."""
+    from minillm.kernels import tuning
+
+    source = (f"{env['device']}, {env['date'][:10]}, torch {env['torch']}, "
+              f"triton {env['triton']}")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"source": source, "measured": tuning.measured()}, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
 
 
 def write_report(report: dict, out: Path, markdown: Path | None) -> str:

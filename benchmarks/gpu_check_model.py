@@ -56,40 +56,52 @@ def cached(key, factory):
     return _CACHE[key]
 
 
+def random_weights(run) -> bool:
+    """The dry run, and `--random-weights`: no GGUF needed (SmolLM2's shapes, random values)."""
+    return run.dry or bool(run.options.get("random_weights"))
+
+
+def model_config(run) -> ModelConfig:
+    return DRY_CONFIG if run.dry else ModelConfig.smollm2_135m()
+
+
 def _load(run, dtype, device):
-    if run.dry:
-        model = LlamaModel(DRY_CONFIG).init_random_weights(seed=0)
+    if random_weights(run):
+        model = LlamaModel(model_config(run)).init_random_weights(seed=0)
         return model.to(device=device, dtype=dtype).eval().requires_grad_(False), None
     return load_model(dtype=dtype, device=device)
 
 
 def load_minillm(run, dtype, backend, device):
-    """minillm's model (SmolLM2, or the dry-run twin) with `backend` attention."""
+    """minillm's model (SmolLM2, or its random-weight twin) with `backend` attention."""
     model, _ = cached(("minillm", dtype, str(device)), lambda: _load(run, dtype, device))
     return model.set_attn_backend(backend)
 
 
 def load_hf(run):
-    """transformers on the run's device: SmolLM2 from the same GGUF, or the dry-run twin."""
+    """transformers on the run's device: SmolLM2 from the same GGUF, or a random twin."""
     return cached(("hf", str(run.device)), lambda: _load_hf(run))
 
 
 def _load_hf(run):
-    if not run.dry:
+    if not random_weights(run):
         return decode_bench.load_hf(torch.bfloat16).to(run.device)
     from transformers import LlamaConfig, LlamaForCausalLM
-    c = DRY_CONFIG
+    c = model_config(run)
     torch.manual_seed(0)
     return LlamaForCausalLM(LlamaConfig(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
         num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
         num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim,
-        max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=True)).eval()
+        max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=True)
+    ).to(device=run.device, dtype=model_dtype(run)).eval()
 
 
 def prompt_ids(run) -> list[int]:
     if run.dry:
         return list(range(3, 15))
+    if random_weights(run):
+        return list(range(100, 131))  # as long as the chat prompt
     _, tok = cached(("minillm", torch.float32, "cpu"), lambda: _load(run, torch.float32, CPU))
     return tok.apply_chat_template(decode_bench.PROMPT)
 

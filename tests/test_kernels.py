@@ -478,40 +478,38 @@ def test_kernels_compile_for_cuda_sm90_without_a_gpu():
     assert res.returncode == 0 and "compiled" in res.stdout, res.stderr[-3000:]
 
 
-@pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU the real autotuned path runs in every test")
+@pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU the real pinned-config path runs in every test")
 def test_cuda_dispatch_path_runs_on_the_interpreter(gen, monkeypatch):
-    """The autotuned launch (grid lambda, autotune keys, meta-parameters) with one config.
-
-    On CPU the kernels normally take the fixed-config branch; here the autotuned branch is
-    forced, with the real autotune keys and a single small config (so nothing is timed).
-    """
+    """The compiled-GPU launch (bucket, pinned-config lookup, grid from the config, launch
+    options) with small pinned tiles, run by the interpreter on CPU tensors."""
     import triton
 
+    from minillm.kernels import tuning
+
     fa = sys.modules["minillm.kernels.flash_attention"]
     pd = sys.modules["minillm.kernels.paged_decode"]
-    one = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=2)]
-    monkeypatch.setattr(fa, "_attn_fwd_tuned",
-                        triton.autotune(configs=one, key=fa._attn_fwd_tuned.keys)(fa._attn_fwd_kernel))
-    monkeypatch.setattr(pd, "_paged_decode_tuned", triton.autotune(
-        configs=[triton.Config({"BLOCK_N": 16}, num_warps=2, num_stages=2)],
-        key=pd._paged_decode_tuned.keys)(pd._paged_decode_kernel))
-    monkeypatch.setattr(fa, "interpreter_enabled", lambda: False)  # take the CUDA branch ...
-    monkeypatch.setattr(pd, "interpreter_enabled", lambda: False)
+    pinned = {fa.FLASH_ATTENTION.name: triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4,
+                                                     num_stages=2),
+              pd.PAGED_DECODE.name: triton.Config({"BLOCK_N": 16}, num_warps=2, num_stages=2)}
+    seen = []
+
+    def fake_pinned(self, bucket, arch):
+        seen.append((self.name, tuning.bucket_key(bucket), arch))
+        return pinned[self.name]
+    monkeypatch.setattr(tuning, "interpreter_enabled", lambda: False)  # take the CUDA branch ...
+    monkeypatch.setattr(tuning, "device_arch", lambda device=None: 90)
+    monkeypatch.setattr(tuning.Tunable, "pinned", fake_pinned)
     monkeypatch.setattr(fa, "_check_device_dtype", lambda tensors: None)  # ... with CPU tensors
     monkeypatch.setattr(pd, "_check_device_dtype", lambda tensors: None)
-
-    q, k, v = randn(gen, 1, 9, 37, 64), randn(gen, 1, 3, 37, 64), randn(gen, 1, 3, 37, 64)
-    assert_close(flash_attention(q, k, v), reference(q, k, v), torch.float32, "autotuned dense")
-    qp, kc, vc, tables, lens = _paged_case(gen, [17, 40], 9, 3, 16, torch.float32)
-    assert_close(paged_decode_attention(qp, kc, vc, tables, lens, num_splits=2),
-                 _paged_reference(qp, kc, vc, tables, lens), torch.float32, "autotuned decode")
-    assert fa._attn_fwd_tuned.best_config is not None and pd._paged_decode_tuned.best_config is not None
-
-
-def test_autotune_keys_name_real_kernel_arguments():
-    # triton's Autotuner silently ignores a key that is not an argument name.
-    fa = sys.modules["minillm.kernels.flash_attention"]
-    pd = sys.modules["minillm.kernels.paged_decode"]
-    for tuned, kernel in ((fa._attn_fwd_tuned, fa._attn_fwd_kernel),
-                          (pd._paged_decode_tuned, pd._paged_decode_kernel)):
-        assert set(tuned.keys) <= set(kernel.arg_names), (tuned.keys, kernel.arg_names)
+    monkeypatch.setattr(pd, "interpreter_enabled", lambda: True)  # no GPU to count SMs
+    tuning.set_autotune(False)
+    try:
+        q, k, v = randn(gen, 1, 9, 37, 64), randn(gen, 1, 3, 37, 64), randn(gen, 1, 3, 37, 64)
+        assert_close(flash_attention(q, k, v), reference(q, k, v), torch.float32, "pinned dense")
+        qp, kc, vc, tables, lens = _paged_case(gen, [17, 40], 9, 3, 16, torch.float32)
+        assert_close(paged_decode_attention(qp, kc, vc, tables, lens, num_splits=2),
+                     _paged_reference(qp, kc, vc, tables, lens), torch.float32, "pinned decode")
+    finally:
+        tuning.set_autotune(None)
+    assert ("flash_attention", "D=64,L=0,causal=1,dt=32,varlen=0", 90) in seen
+    assert ("paged_decode", "D=64,H=16,dt=32,lse=1", 90) in seen

@@ -1,0 +1,184 @@
+"""Pinned Triton tile configs (minillm/kernels/tuning.py, configs/sm_XY.json).
+
+The lookup, the opt-in search and its guard against graph capture, the fallbacks, and the
+pinned files themselves: every bucket of every kernel pinned for sm_80 and sm_90, and (in a
+subprocess, with Triton's bundled ptxas) every pinned config compiled ahead of time within
+the architecture's shared memory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+
+from minillm.kernels import tuning
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _toy(name="toy"):
+    fast = triton.Config({"BLOCK_N": 32}, num_warps=2, num_stages=2)
+    slow = triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=2)
+    default = triton.Config({"BLOCK_N": 16}, num_warps=4, num_stages=2)
+    return tuning.Tunable(name=name, fn=None, configs=(slow, fast), default=default,
+                          interpreter=triton.Config({"BLOCK_N": 8}, num_warps=1, num_stages=1),
+                          bucket_space={"D": (64, 128), "dt": (16, 32)}, signature={},
+                          constexprs=lambda b: {}), fast, slow, default
+
+
+@pytest.fixture
+def compiled_branch(monkeypatch):
+    """Make tuning take its GPU branch on this CPU (sm_90), and restore its state after."""
+    monkeypatch.setattr(tuning, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(tuning, "device_arch", lambda device=None: 90)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    saved = dict(tuning._measured), set(tuning._fell_back)
+    tuning._measured.clear()
+    tuning._fell_back.clear()
+    yield
+    tuning.set_autotune(None)
+    tuning._measured.clear()
+    tuning._measured.update(saved[0])
+    tuning._fell_back.clear()
+    tuning._fell_back.update(saved[1])
+
+
+def test_bucket_keys_round_trip_and_sort():
+    key = tuning.bucket_key({"lse": True, "D": 64, "H": 16})
+    assert key == "D=64,H=16,lse=1"
+    assert tuning.parse_bucket_key(key) == {"D": 64, "H": 16, "lse": 1}
+    assert tuning.dtype_bits(torch.bfloat16) == 16 and tuning.dtype_bits(torch.float32) == 32
+
+
+@pytest.mark.parametrize("arch,expected", [(90, 90), (80, 80), (86, 80), (89, 80), (100, 90),
+                                           (120, 90), (75, None), (70, None)])
+def test_an_architecture_without_a_file_uses_the_nearest_older_one(arch, expected):
+    assert tuning.file_arch(arch) == expected
+
+
+def test_the_interpreter_always_runs_its_own_config(monkeypatch):
+    toy, *_ = _toy()
+    monkeypatch.setattr(tuning, "interpreter_enabled", lambda: True)
+    launched = []
+    toy.run({"D": 64, "dt": 32}, launched.append)
+    assert launched == [toy.interpreter]
+
+
+def test_a_call_launches_the_pinned_config_once_and_times_nothing(compiled_branch, monkeypatch):
+    toy, fast, slow, _ = _toy()
+    monkeypatch.setattr(tuning, "pinned_table", lambda arch: {"toy": {
+        "D=64,dt=16": {**tuning.config_to_dict(slow), "source": "measured: a test"}}})
+    monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **k: pytest.fail("timed"))
+    tuning.set_autotune(False)
+    launched = []
+    toy.run({"D": 64, "dt": 16}, launched.append)
+    assert [tuning.config_to_dict(c) for c in launched] == [tuning.config_to_dict(slow)]
+    launched.clear()
+    toy.run({"D": 128, "dt": 16}, launched.append)  # not pinned: the default
+    assert launched == [toy.default]
+
+
+def test_autotuning_times_every_candidate_keeps_the_fastest_and_saves_it(
+        compiled_branch, monkeypatch, tmp_path):
+    toy, fast, slow, _ = _toy()
+    timed = []
+
+    def fake_bench(fn, **kwargs):
+        fn()
+        cfg = launched[-1]
+        timed.append(cfg)
+        return {32: 1.0, 64: 2.0}[cfg.kwargs["BLOCK_N"]] * 1e-3
+
+    monkeypatch.setattr(triton.testing, "do_bench", fake_bench)
+    tuning.set_autotune(True)
+    launched = []
+    toy.run({"D": 64, "dt": 16}, launched.append)
+    assert set(timed) == {fast, slow}          # every candidate timed once ...
+    assert launched[-1] is fast                # ... then the fastest launched
+    n = len(launched)
+    toy.run({"D": 64, "dt": 16}, launched.append)
+    assert launched[n:] == [fast]              # the bucket is searched once per process
+    [row] = [r for r in tuning.measured() if r["kernel"] == "toy"]
+    assert row["bucket"] == "D=64,dt=16" and row["arch"] == 90 and row["BLOCK_N"] == 32
+    path = tmp_path / "sm_90.json"
+    assert tuning.save_measured("a test GPU, 2026-11-26", path) == [path]
+    entry = json.loads(path.read_text())["kernels"]["toy"]["D=64,dt=16"]
+    assert entry["source"] == "measured: a test GPU, 2026-11-26" and entry["BLOCK_N"] == 32
+
+
+def test_no_search_while_a_cuda_graph_is_being_captured(compiled_branch, monkeypatch):
+    toy, *_ = _toy()
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **k: pytest.fail("timed"))
+    tuning.set_autotune(True)
+    launched = []
+    toy.run({"D": 64, "dt": 16}, launched.append)
+    assert launched == [toy.default]
+
+
+def test_a_pinned_config_that_does_not_fit_falls_back_to_the_default(compiled_branch,
+                                                                      monkeypatch):
+    toy, fast, slow, default = _toy()
+    monkeypatch.setattr(tuning, "pinned_table", lambda arch: {"toy": {
+        "D=128,dt=32": tuning.config_to_dict(slow)}})
+    tuning.set_autotune(False)
+
+    def launch(cfg):
+        if cfg.kwargs["BLOCK_N"] > 16:
+            raise triton.runtime.errors.OutOfResources(1 << 18, 1 << 17, "shared memory")
+        launched.append(cfg)
+
+    launched = []
+    with pytest.warns(RuntimeWarning, match="does not fit this GPU"):
+        toy.run({"D": 128, "dt": 32}, launch)
+    assert launched == [default]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one warning, then the default straight away
+        toy.run({"D": 128, "dt": 32}, launch)
+    assert launched == [default, default]
+
+
+def test_an_unsupported_bucket_and_a_bucket_outside_the_space_say_why(compiled_branch,
+                                                                       monkeypatch):
+    toy, *_ = _toy()
+    monkeypatch.setattr(tuning, "pinned_table", lambda arch: {"toy": {
+        "D=128,dt=32": {"unsupported": "no candidate fits"}}})
+    with pytest.raises(ValueError, match="does not fit a sm_90 GPU: no candidate fits"):
+        toy.run({"D": 128, "dt": 32}, lambda cfg: None)
+    with pytest.raises(ValueError, match="outside the kernel's bucket space"):
+        toy.run({"D": 256, "dt": 32}, lambda cfg: None)
+
+
+@pytest.mark.parametrize("arch", tuning.PINNED_ARCHS)
+def test_the_pinned_file_covers_every_bucket_of_every_kernel(arch):
+    table = json.loads(tuning.config_path(arch).read_text())
+    assert table["arch"] == f"sm_{arch}"
+    kernels = tuning.tunables()
+    assert {"flash_attention", "paged_decode"} <= set(kernels)
+    for name, t in kernels.items():
+        allowed = [tuning.config_to_dict(c) for c in (*t.configs, t.default)]
+        for bucket in t.buckets():
+            entry = table["kernels"].get(name, {}).get(tuning.bucket_key(bucket))
+            assert entry is not None, f"sm_{arch} {name} {tuning.bucket_key(bucket)} not pinned"
+            assert "source" in entry or "unsupported" in entry, entry
+            if "unsupported" not in entry:
+                assert tuning.config_to_dict(tuning.config_from_dict(entry)) in allowed, entry
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="compiles ahead of time on a CPU machine")
+def test_every_pinned_config_compiles_for_its_architecture():
+    """The sweep: each pinned config compiled for sm_80 and sm_90 with Triton's bundled ptxas
+    (benchmarks/pin_configs.py --check), within the architecture's shared memory."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "benchmarks/pin_configs.py", "--check"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=1800)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "0 problem(s)" in res.stdout
