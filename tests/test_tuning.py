@@ -182,3 +182,25 @@ def test_every_pinned_config_compiles_for_its_architecture():
                          env=env, capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "0 problem(s)" in res.stdout
+
+
+def test_the_lookup_traces_under_torch_compile_without_a_graph_break(monkeypatch):
+    """torch.compile traces a kernel's launch (Inductor compiles user Triton kernels into
+    its graph): the config lookup must be plain Python that Dynamo follows, with no file
+    reads, no timing and no graph break (fullgraph=True fails on one)."""
+    toy, fast, *_ = _toy("toy_traced")
+    monkeypatch.setattr(tuning, "pinned_table", lambda arch: {"toy_traced": {
+        "D=64,dt=32": tuning.config_to_dict(fast)}})
+    monkeypatch.setattr(tuning, "_resolved", {})
+    tuning.resolve_for_tracing(toy, 90)
+
+    def step(x):
+        out = torch.empty_like(x)
+        toy.run({"D": 64, "dt": 32}, lambda cfg: out.copy_(x * cfg.kwargs["BLOCK_N"]))
+        return out
+
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 32.0))
+    with pytest.raises(Exception, match="outside the kernel's bucket space"):
+        torch.compile(lambda x: toy.run({"D": 256, "dt": 32}, lambda cfg: x),
+                      fullgraph=True, backend="eager")(torch.ones(1))

@@ -56,6 +56,7 @@ CONFIG_FIELDS = ("num_warps", "num_stages")
 _registry: dict[str, "Tunable"] = {}
 _measured: dict[tuple[str, int, str], tuple[triton.Config, float]] = {}
 _fell_back: set[tuple[str, int, str]] = set()
+_resolved: dict[tuple[str, str], "triton.Config | str"] = {}  # for torch.compile traces
 _autotune_override: bool | None = None
 
 
@@ -197,6 +198,15 @@ class Tunable:
 
     def run(self, bucket: dict, launch: Callable[[triton.Config], None], device=None) -> None:
         """Launch through ``launch(config)`` with this bucket's config (see the module doc)."""
+        if torch.compiler.is_compiling():
+            # Traced by torch.compile (Inductor then compiles the kernel into its graph):
+            # a plain dict lookup, resolved when the kernel registered (no files, no timing).
+            found = _resolved.get((self.name, bucket_key(bucket)))
+            if not isinstance(found, triton.Config):
+                raise ValueError(found or f"{self.name}: bucket {bucket_key(bucket)} lies "
+                                 f"outside the kernel's bucket space {self.bucket_space}")
+            launch(found)
+            return
         if interpreter_enabled():
             launch(self.interpreter)
             return
@@ -236,9 +246,22 @@ class Tunable:
 
 
 def register(tunable: Tunable) -> Tunable:
-    """Add a kernel's Tunable to the registry (each kernel module does, at import)."""
+    """Add a kernel's Tunable to the registry (each kernel module does, at import), and on a
+    CUDA machine resolve its configs for the current GPU (what a torch.compile trace reads)."""
     _registry[tunable.name] = tunable
+    if torch.cuda.is_available() and not interpreter_enabled():
+        resolve_for_tracing(tunable, device_arch())
     return tunable
+
+
+def resolve_for_tracing(tunable: Tunable, arch: int) -> None:
+    """Fill `_resolved` with every bucket's config on ``arch`` (or why it is unsupported)."""
+    for bucket in tunable.buckets():
+        try:
+            found: triton.Config | str = tunable.pinned(bucket, arch)
+        except ValueError as e:
+            found = str(e)
+        _resolved[(tunable.name, bucket_key(bucket))] = found
 
 
 def tunables() -> dict[str, Tunable]:
