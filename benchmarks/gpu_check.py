@@ -343,6 +343,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="time every tile config of each new kernel bucket (instead of the "
                     "pinned ones) and write the best to <out>.tuned.json, for "
                     "benchmarks/pin_configs.py --merge")
+    ap.add_argument("--decode-rows", help="only these rows of the decode section, comma-"
+                    "separated labels (eager, CUDA graph, CUDA graph of the compiled step, "
+                    "compiled); default: all")
+    ap.add_argument("--backends", default="triton,torch",
+                    help="attention backends of the decode section's rows (default: both)")
     ap.add_argument("--random-weights", action="store_true",
                     help="model sections on SmolLM2's shapes with random weights (no GGUF "
                     "needed; speeds and graph-vs-eager checks hold, quality rows mean nothing)")
@@ -400,7 +405,9 @@ def main(argv: list[str] | None = None) -> int:
 
     write_report(report_of([_skipped_entry(s, NOT_REACHED) for s in sections], False), out,
                  args.markdown)
-    options = {"compile": not args.no_compile, "random_weights": args.random_weights}
+    options = {"compile": not args.no_compile, "random_weights": args.random_weights,
+               "decode_rows": args.decode_rows.split(",") if args.decode_rows else None,
+               "backends": args.backends.split(",")}
     try:
         entries = run_sections(sections, mode, device, env, options, on_progress=progress)
     except RunInterrupted as e:  # run_sections wrote what was measured

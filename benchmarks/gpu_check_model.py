@@ -192,9 +192,12 @@ def check_decode(run) -> None:
     hf = load_hf(run)
     run.case("transformers", lambda: row("transformers",
                                          lambda k: decode_bench.time_hf(hf, ids, k)))
+    wanted = run.options.get("decode_rows")
     for label, compiled, graph in DECODE_VARIANTS:  # each backend eager first: the reference
-        for backend in ("triton", "torch"):
+        for backend in run.options.get("backends") or ("triton", "torch"):
             name = f"minillm {label}, {backend} attention"
+            if wanted and label not in wanted:
+                continue
             if compiled and (run.mode == "quick" or not run.options.get("compile", True)):
                 run.skipped.append(f"{name} (--quick / --no-compile: compiling takes minutes)")
                 continue

@@ -250,7 +250,11 @@ def register(tunable: Tunable) -> Tunable:
     CUDA machine resolve its configs for the current GPU (what a torch.compile trace reads)."""
     _registry[tunable.name] = tunable
     if torch.cuda.is_available() and not interpreter_enabled():
-        resolve_for_tracing(tunable, device_arch())
+        try:
+            arch = device_arch()
+        except (AssertionError, RuntimeError):  # a CPU build told it has CUDA (the AOT scripts)
+            return tunable
+        resolve_for_tracing(tunable, arch)
     return tunable
 
 
