@@ -72,10 +72,10 @@ def profiled(fn, steps: int) -> dict:
             "api_calls_per_step": {n: api.count(n) / steps for n in sorted(set(api))}}
 
 
-def generate_step(model, cuda_graph: bool):
+def generate_step(model, cuda_graph: bool, compile: bool = False):
     """One decode token per call: generate_stream kept open, advanced by next()."""
     stream = minillm.generate_stream(model, PROMPT, 512, ignore_eos=True,
-                                     cuda_graph=cuda_graph)
+                                     cuda_graph=cuda_graph, compile=compile)
     next(stream)  # the prefill
     return lambda: next(stream)
 
@@ -93,17 +93,28 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=32, help="profiled steps (at most 500)")
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--compiled", action="store_true",
+                    help="also profile generate's graph of the torch.compile'd step")
+    ap.add_argument("--random-weights", action="store_true",
+                    help="SmolLM2's shapes with random weights (no GGUF needed)")
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("results")
                     / "gpu_step_profile.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("gpu_step_profile: no CUDA device, nothing to profile")
         return 0
-    model, _ = minillm.load_model(dtype=torch.bfloat16, device="cuda", attn_backend="triton")
+    if args.random_weights:
+        model = minillm.LlamaModel(minillm.ModelConfig.smollm2_135m(), attn_backend="triton")
+        model = model.init_random_weights(seed=0).to("cuda", torch.bfloat16).eval()
+    else:
+        model, _ = minillm.load_model(dtype=torch.bfloat16, device="cuda",
+                                      attn_backend="triton")
     cases = {"generate eager": lambda: generate_step(model, False),
              "generate graph": lambda: generate_step(model, True),
              f"engine eager, {args.batch}": lambda: engine_step(model, args.batch, True),
              f"engine graph, {args.batch}": lambda: engine_step(model, args.batch, False)}
+    if args.compiled:
+        cases["generate graph, compiled"] = lambda: generate_step(model, True, compile=True)
     rows = {}
     for name, make in cases.items():
         rows[name] = profiled(make(), args.steps)
@@ -113,7 +124,8 @@ def main() -> int:
               f"CUDA API {r['api_calls_per_step']}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch":
-                                    torch.__version__, "steps": args.steps, "rows": rows},
+                                    torch.__version__, "steps": args.steps,
+                                    "random_weights": args.random_weights, "rows": rows},
                                    indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0
