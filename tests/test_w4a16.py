@@ -142,6 +142,29 @@ def test_every_path_and_split(gen, block_m, kwargs):
         assert int(wk._tile_counters(x.device).abs().sum()) == 0, "a tile counter was left set"
 
 
+def test_every_split_launches_the_same_pointer_types(gen, monkeypatch):
+    """One compiled program serves every SPLIT_K only if the pointer dtypes do not change
+    with it: partials fp32 and counters int32 even for one split (a 16-bit dummy there
+    would compile a second program, with a 16-bit atomic add that sm_80 does not have)."""
+    import triton
+
+    seen = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append((args[5].dtype, args[6].dtype, args[12]))
+
+    monkeypatch.setattr(wk, "_w4a16_kernel", Recorder())
+    qweight, scales, zeros = packed_weight(gen, 32, 128, 64, sym=False)
+    x = randn(gen, 1, 128, dtype=DTYPES[-1])
+    words, row_align = wk._as_words(qweight)
+    for split in (1, 3):
+        wk._launch(x, words, row_align, scales, zeros, torch.empty(1, 32, dtype=x.dtype,
+                                                                   device=DEVICE),
+                   64, 64, 1, triton.Config({"BLOCK_N": 32, "SPLIT_K": split}, num_warps=4))
+    assert seen == [(torch.float32, torch.int32, 1), (torch.float32, torch.int32, 3)]
+
+
 def test_split_k_is_deterministic(gen):
     """The last split sums the partials in split order, whoever arrives last."""
     import triton
@@ -347,11 +370,12 @@ def test_cuda_dispatch_path_runs_on_the_interpreter(gen, monkeypatch):
 
 @pytest.mark.skipif(CUDA, reason="on a GPU the kernel is compiled by every test")
 def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
-    """The interpreter accepts things the compiler rejects; compile for H100 (sm_90) anyway
-    with Triton's bundled ptxas: the GEMV (BLOCK_M 1) with and without zeros, the tl.dot
-    tiles, fp16 / bf16 / fp32 activations, and the dequantize kernel. With the
-    specializations a real call gets (unit strides, 16-aligned pointers), the GEMV reads
-    the packed weight and x with 16-byte loads and its K loop has no barrier."""
+    """The interpreter accepts things the compiler rejects; compile for H100 (sm_90), and the
+    bf16 cases for A100 (sm_80), with Triton's bundled ptxas: the GEMV (BLOCK_M 1) with
+    and without zeros, the tl.dot tiles, fp16 / bf16 / fp32 activations, and the
+    dequantize kernel. With the specializations a real call gets (unit strides, 16-aligned
+    pointers), the GEMV reads the packed weight and x with 16-byte loads and its K loop
+    has no barrier."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_INTERPRET"] = "0"
     code = textwrap.dedent("""
@@ -363,7 +387,7 @@ def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
         from triton.compiler import ASTSource
         import minillm.kernels.w4a16 as wk
 
-        def compile(fn, types, consts, warps, stages):
+        def compile(fn, types, consts, warps, stages, arch=90):
             ones = {n: 1 for n in ("stride_xk", "stride_on", "stride_sg", "stride_zg")
                     if n in fn.arg_names}
             consts = {**consts, **ones}
@@ -372,7 +396,7 @@ def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
                        if types.get(n, "").startswith("*") or n == "stride_xm"]
             attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
             return triton.compile(ASTSource(fn, sig, consts, attrs),
-                                  target=GPUTarget("cuda", 90, 32),
+                                  target=GPUTarget("cuda", arch, 32),
                                   options=dict(num_warps=warps, num_stages=stages))
 
         for dt, bm, bn, zeros, warps, stages in [("bf16", 1, 64, True, 4, 2),
@@ -383,6 +407,8 @@ def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
             types = {n: t.format(dt=dt) for n, t in wk._SIGNATURE.items()}
             consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, HAS_ZEROS=zeros, ROW_ALIGN=4)
             ptx = compile(wk._w4a16_kernel, types, consts, warps, stages).asm["ptx"]
+            if dt == "bf16":  # A100 too: no instruction that only sm_90 has
+                compile(wk._w4a16_kernel, types, consts, warps, stages, arch=80)
             if bm == 1:  # the K loop: the basic block(s) with the 16-byte loads
                 loop = [b for b in re.split(r"\\n\\$L__BB\\d+_\\d+:", ptx)
                         if "ld.global.v4.b32" in b]

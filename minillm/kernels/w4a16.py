@@ -73,10 +73,11 @@ Invariants:
 * Accumulation is fp32. The GEMV path multiplies x by the exact ``u − z`` and scales the
   sum, so it is *more* exact than the plain path (which rounds each ``(u − z) · s`` to x's
   dtype first); the tiled path rounds x to TF32 when x is fp32 (``tl.dot`` on CUDA).
-* The counters are one int32 buffer per device (``COUNTER_SLOTS``), allocated on first
-  use; split-K launches on one device must not overlap in time (one stream at a time: the
-  engine and CUDA graphs run their kernels in order). A shape with more tiles than slots
-  runs with one split.
+* The counters are one int32 buffer per device (``COUNTER_SLOTS``), allocated by the first
+  call (outside a graph capture when the caller warms up first, as the decode graphs and
+  the engine do). Split-K launches on one device must not overlap in time (one stream at
+  a time: the engine and CUDA graphs run their kernels in order). A shape with more tiles
+  than slots runs with one split.
 * The host wrapper checks shapes and dtypes only: no value of a CUDA tensor is read, so
   nothing synchronizes and a CUDA graph can capture the call.
 
@@ -458,11 +459,15 @@ def _launch(x2, qw32, row_align, scales, zeros, out, group_size, block_k, block_
     if n_tiles * m_tiles > COUNTER_SLOTS:
         split = 1
     k_per_split = triton.cdiv(k // block_k, split) * block_k
+    # The same pointer types whatever the split (one compiled program for every SPLIT_K,
+    # and no atomic on a 16-bit pointer, which sm_80 lacks): the int32 counters always,
+    # and with one split, which writes `out` directly, an fp32 view of them as partials.
+    counters = _tile_counters(x2.device)
     if split > 1:
         partials = torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
-        counters, p_strides = _tile_counters(x2.device), partials.stride()[:2]
-    else:  # never read: SPLIT_K == 1 writes `out` directly
-        partials, counters, p_strides = out, out, (0, 0)
+        p_strides = partials.stride()[:2]
+    else:
+        partials, p_strides = counters.view(torch.float32), (0, 0)  # never touched
     z, z_strides = (scales, (0, 0)) if zeros is None else (zeros, zeros.stride())
     _w4a16_kernel[(n_tiles, m_tiles, split)](
         x2, qw32, scales, z, out, partials, counters, m, n, k, group_size, k_per_split, split,
