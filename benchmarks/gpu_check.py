@@ -15,8 +15,9 @@ run; each has a time box, and what it had no time for is listed as skipped):
     paged_decode      gpu_check_kernels: batch 1..256, context 128..8192, against the
                       PyTorch paged reference; GB/s against the measured bandwidth
     varlen            gpu_check_kernels: flash_attention_varlen, batch 1..256, same reference
-    w4a16             gpu_check_kernels: the W4A16 matmul against dequantize-then-matmul,
-                      SmolLM2's and an 8B model's shapes at M = 1, and M = 16 / 256
+    w4a16             gpu_check_kernels: the W4A16 matmul against a dense bf16 matmul,
+                      SmolLM2's and an 8B model's shapes at M = 1 and 16 (int4 GB/s), the
+                      GEMM at M = 256 / 1024 against dequantize-then-matmul, larger groups
     greedy_match      gpu_check_model: SmolLM2 bf16 on CUDA (Triton backend), 64 greedy
                       tokens against the fp32 CPU model (first divergence, logit error)
     decode            gpu_check_model: batch-1 decode eager / compiled against the weights'
@@ -345,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                     "benchmarks/pin_configs.py --merge")
     ap.add_argument("--decode-rows", help="only these rows of the decode section, comma-"
                     "separated labels (eager, CUDA graph, CUDA graph of the compiled step, "
-                    "compiled); default: all")
+                    "compiled, w4 eager, w4 CUDA graph); default: all")
     ap.add_argument("--backends", default="triton,torch",
                     help="attention backends of the decode section's rows (default: both)")
     ap.add_argument("--random-weights", action="store_true",

@@ -12,7 +12,10 @@ against its reference, on fresh random inputs, and timed against the PyTorch pat
   per-sequence SDPA loop of ``TorchBackend.varlen``); GB/s of K/V read against the
   bandwidth measured in this run.
 * w4a16_linear: against ``F.linear(x, dequantize_packed(...))`` (QuantLinear's reference
-  path), timed against it and against a dense matmul with the dequantized weight.
+  path), timed against a dense matmul of the dequantized weight in the same dtype (M = 1
+  and 16 for SmolLM2's and an 8B model's shapes; the tiled GEMM against dequantize-then-
+  matmul at 256 and 1024 rows; the symmetric g96 / g128 / g192 layouts at M = 1), with the
+  GB/s of the int4 + scale bytes it reads against the measured bandwidth.
 
 On a GPU the first call of each shape compiles its kernel (Triton caches it in
 ~/.triton/cache; with --autotune it also measures every tile configuration), so
@@ -34,6 +37,7 @@ from minillm.attention import (TorchBackend, paged_decode_attention_ref,
 from minillm.attention.paged import decode_attention_gathered
 from minillm.kernels import (flash_attention, flash_attention_varlen, naive_attention,
                              paged_decode_attention, w4a16_linear)
+from minillm.kernels.w4a16 import bucket_of_call as w4a16_bucket
 from minillm.quant import packing, rtn
 from minillm.timing import time_fn
 
@@ -218,39 +222,77 @@ def check_varlen(run) -> None:
 # ----------------------------------------------------------------------------- W4A16
 
 
-def w4a16_case(run, n, k, m, dtype, group_size=64) -> dict:
-    torch.manual_seed(n * 31 + k * 7 + m)
-    w = torch.randn(n, k) * 0.02
-    qweight, scales, zeros = (t.to(run.device) for t in packing.pack(rtn(w, 4, group_size)))
+_W4_WEIGHTS: dict = {}  # (N, K, group, sym) -> packed weight, for one section run
+
+
+def w4a16_case(run, n, k, m, dtype, group_size=64, sym=False) -> dict:
+    """One W4A16 product against a dense matmul of the same (dequantized) weight: time,
+    the GB/s of the bytes it reads (packed int4 + fp32 scales, + fp32 zeros if asymmetric)
+    and their fraction of the bandwidth measured in this run; from 256 rows also the
+    dequantize-then-torch.matmul path (the wrapper switches to it from DEQUANT_MIN_M)."""
+    key = (n, k, group_size, sym)
+    if key not in _W4_WEIGHTS:  # one weight per shape and layout, shared by its rows
+        torch.manual_seed(n * 31 + k * 7)
+        w = torch.randn(n, k, device=run.device) * 0.02  # quantized on the device: fast
+        _W4_WEIGHTS[key] = packing.pack(rtn(w, 4, group_size, sym))
+    qweight, scales, zeros = _W4_WEIGHTS[key]
+    z = None if sym else zeros
+    torch.manual_seed(m)
     x = randn(run, m, k, dtype=dtype)
-    call = lambda: w4a16_linear(x, qweight, scales, zeros, group_size)  # noqa: E731
-    reference = lambda: F.linear(  # noqa: E731  (QuantLinear.reference_forward)
-        x, packing.dequantize_packed(qweight, scales, zeros, 4, x.dtype))
+    gemm_path = {"dequantize_first": False} if m >= 256 else {}
+    call = lambda: w4a16_linear(x, qweight, scales, z, group_size, **gemm_path)  # noqa: E731
     out, first_s = first_call(run, call)
-    ref = reference()
-    err = max_err(out, ref) / max(float(ref.abs().max()), 1e-12)
     dense_w = packing.dequantize_packed(qweight, scales, zeros, 4, dtype)
-    ms, ms_ref = bench(run, call), bench(run, reference)
-    ms_dense = bench(run, lambda: F.linear(x, dense_w))
-    nbytes = sum(t.numel() * t.element_size() for t in (qweight, scales, zeros))
+    ref = F.linear(x, dense_w)  # QuantLinear.reference_forward
+    err = max_err(out, ref) / max(float(ref.abs().max()), 1e-12)
+    ms, ms_dense = bench(run, call), bench(run, lambda: F.linear(x, dense_w))
+    nbytes = sum(t.numel() * t.element_size() for t in (qweight, scales, *([] if sym else [zeros])))
     gbs, frac = kv_gbps(run, nbytes, ms)
-    return {"dtype": str(dtype)[6:], "N": n, "K": k, "M": m, "rel_err": err, "us": 1e3 * ms,
-            "weight_GBps": gbs, "of_bandwidth": frac, "dequant_matmul_us": 1e3 * ms_ref,
-            "dense_us": 1e3 * ms_dense, "vs_dense": ms_dense / ms, "first_s": first_s,
-            "ok": err <= tol(dtype, run.cuda)}
+    found = w4a16_bucket(x, qweight, group_size)
+    row = {"dtype": str(dtype)[6:], "N": n, "K": k, "M": m,
+           "layout": f"g{group_size} {'sym' if sym else 'asym'}", "rel_err": err,
+           "us": 1e3 * ms, "weight_GBps": gbs, "of_bandwidth": frac, "dense_us": 1e3 * ms_dense,
+           "vs_dense": ms_dense / ms, "first_s": first_s,
+           "config": "interpreter" if not run.cuda or found is None else _config_str(
+               found[0].config_for(found[1], run.device))}
+    if m >= 256:
+        ms_deq = bench(run, lambda: w4a16_linear(x, qweight, scales, z, group_size,
+                                                 dequantize_first=True))
+        row.update(dequant_matmul_us=1e3 * ms_deq, gemm_vs_dequant=ms_deq / ms)
+    row["ok"] = err <= tol(dtype, run.cuda)
+    return row
+
+
+def _config_str(cfg) -> str:
+    return " ".join(f"{k}={v}" for k, v in cfg.kwargs.items()) + \
+        f" w{cfg.num_warps} s{cfg.num_stages}"
 
 
 def check_w4a16(run) -> None:
     dtype = kernel_dtype(run)
-    # SmolLM2's MLP and LM head (K = 576) and an 8B model's (K = 4096) at decode's M = 1,
-    # then the 4096 x 4096 product at M = 16 and 256 (the kernel's other M buckets).
-    shapes = run.pick([(3072, 576, 1), (49152, 576, 1), (4096, 4096, 1), (14336, 4096, 1),
-                       (4096, 4096, 16), (4096, 4096, 256)], [(4096, 4096, 1)],
-                      [(96, 128, 1), (40, 64, 20)])
-    for n, k, m in shapes:
-        run.case(f"N={n} K={k} M={m}", lambda: w4a16_case(run, n, k, m, dtype))
-    run.notes.append("RTN 4-bit, group 64, asymmetric; error relative to the output's max; "
-                     "GB/s counts the packed weight, scales and zeros")
+    # SmolLM2's MLP and LM head (K = 576) and an 8B model's (K = 4096), at decode's M = 1
+    # and at M = 16 (a speculative verify, a small batch), then the tiled GEMM at 256 and
+    # 1024 rows against dequantize-then-matmul; all g64 asymmetric (quantize_model's
+    # default). Last, the symmetric layouts of the layout study at M = 1 (a time box cuts
+    # those first).
+    shapes = [(3072, 576), (49152, 576), (4096, 4096), (14336, 4096)]
+    full = [(n, k, m, 64, False) for n, k in shapes for m in (1, 16)] + [
+        (4096, 4096, 256, 64, False), (4096, 4096, 1024, 64, False),
+        (3072, 576, 1, 96, True), (3072, 576, 1, 192, True), (49152, 576, 1, 192, True),
+        (4096, 4096, 1, 128, True), (14336, 4096, 1, 128, True)]
+    cases = run.pick(full, [(4096, 4096, 1, 64, False), (4096, 4096, 16, 64, False)],
+                     [(96, 128, 1, 64, False), (40, 64, 256, 32, True)])  # dry: both paths
+    try:
+        for n, k, m, g, sym in cases:
+            run.case(f"N={n} K={k} M={m} g{g}{' sym' if sym else ''}",
+                     lambda: w4a16_case(run, n, k, m, dtype, g, sym))
+    finally:
+        _W4_WEIGHTS.clear()
+    run.notes.append("RTN 4-bit; error relative to the output's max; GB/s counts what the "
+                     "kernel reads: the packed weight, fp32 scales and (asymmetric) fp32 "
+                     "zeros; vs_dense: the dense bf16 matmul's time over the kernel's; from "
+                     "M = 256 the kernel is the tiled GEMM, dequant_matmul_us the "
+                     "dequantize kernel + torch.matmul; config: the pinned tiles used")
 
 
 # Time boxes (s), planned for an H100 with the pinned tile configs (a first call of a new
@@ -262,6 +304,6 @@ SECTIONS = [
             check_paged, {"full": 20, "quick": 8, "dry": 60}),
     Section("varlen", "FlashAttention varlen (chunked prefill) against the paged reference",
             check_varlen, {"full": 25, "quick": 8, "dry": 60}),
-    Section("w4a16", "W4A16 matmul against dequantize-then-matmul", check_w4a16,
-            {"full": 20, "quick": 6, "dry": 60}),
+    Section("w4a16", "W4A16 matmul against a dense matmul and dequantize-then-matmul",
+            check_w4a16, {"full": 20, "quick": 6, "dry": 60}),
 ]

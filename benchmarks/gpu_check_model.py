@@ -11,7 +11,8 @@ that have CUDA paths.
   Triton and torch attention, each eager, through a CUDA graph (`generate(cuda_graph=True)`),
   through a graph of the torch.compile'd step, and compiled without a graph, against the
   weights' bandwidth ceiling (weight bytes / the bandwidth measured in this run) and
-  transformers; every non-eager row compares its greedy tokens with eager's.
+  transformers; every non-eager row compares its greedy tokens with eager's. SmolLM2 RTN
+  w4 (``quant.GPU_LAYOUT``) eager and through a CUDA graph, against the bf16 rows.
 * serving: benchmarks/serving.py's workload and runners, the engine with CUDA graphs
   (its default on CUDA) and eager; the engine's decode step time at batch 1, 8 and 64,
   graph against eager; HF one-at-a-time and HF static-16 are sampled (3 requests / one
@@ -167,33 +168,46 @@ DECODE_VARIANTS = [("eager", False, False), ("CUDA graph", False, True),
                    ("CUDA graph of the compiled step", True, True), ("compiled", True, False)]
 
 
+def load_w4(run):
+    """SmolLM2 (or the dry-run twin) quantized by RTN to 4 bits in the GPU layout
+    (``quant.GPU_LAYOUT``; the twin's 64-wide layers take groups of 32), from the fp32 CPU
+    model, then moved like the bf16 model: ``quantize_model(...).to(device, dtype)``."""
+    from minillm import quant
+
+    def make():
+        ref = load_minillm(run, torch.float32, "torch", CPU)
+        layout = dict(quant.GPU_LAYOUT, **({"group_size": 32} if run.dry else {}))
+        qmodel = quant.quantize_model(ref, "rtn", 4, progress=False, **layout)
+        return qmodel.to(device=run.device, dtype=model_dtype(run)), layout
+    return cached(("w4", str(run.device)), make)
+
+
 def check_decode(run) -> None:
     n, rounds = run.pick(64, 32, 8), run.pick(3, 1, 1)
     ids, model = prompt_ids(run), load_minillm(run, model_dtype(run), "torch", run.device)
     ceiling = (run.env["bandwidth_GBps"] * 1e9
                / calc.weight_bytes(model.config.num_params(), model.dtype.itemsize))
-    hf_tok_s, eager_tokens = None, {}
+    hf_tok_s, eager_tokens, tok_s = None, {}, {}
 
-    def row(name, timed, tokens=None, backend=None):
+    def row(name, timed, tokens=None, backend=None, bytes_ceiling=ceiling):
         nonlocal hf_tok_s
         r = decode_speed(run, timed, n, rounds)
+        tok_s[name] = r["decode_tok_s"]
         if name == "transformers":
             hf_tok_s = r["decode_tok_s"]
-        out = {"engine": name, **r, "of_ceiling": r["decode_tok_s"] / ceiling,
+        out = {"engine": name, **r, "of_ceiling": r["decode_tok_s"] / bytes_ceiling,
                "vs_transformers": r["decode_tok_s"] / hf_tok_s if hf_tok_s else None}
         if tokens is not None and backend in eager_tokens:
             ref = eager_tokens[backend]
             out.update(same_tokens_as_eager=tokens == ref,
                        first_divergence=first_divergence(ref, tokens))
-            if "compiled" not in name and backend == "triton":  # eager's kernels, replayed
+            if "compiled" not in name and backend in ("triton", "w4"):  # eager's kernels, replayed
                 out["ok"] = tokens == ref
         return out
 
-    hf = load_hf(run)
-    run.case("transformers", lambda: row("transformers",
-                                         lambda k: decode_bench.time_hf(hf, ids, k)))
     wanted = run.options.get("decode_rows")
-    for label, compiled, graph in DECODE_VARIANTS:  # each backend eager first: the reference
+
+    def variant(label, compiled, graph):
         for backend in run.options.get("backends") or ("triton", "torch"):
             name = f"minillm {label}, {backend} attention"
             if wanted and label not in wanted:
@@ -216,6 +230,39 @@ def check_decode(run) -> None:
                     return row(name, lambda k: decode_bench.time_minillm(
                         model, ids, k, compile=compiled, cuda_graph=graph), tokens, backend)
             run.case(name, case)
+
+    def w4_case(label, graph):
+        """SmolLM2 RTN w4 on the device (QuantLinear -> the W4A16 kernel), Triton
+        attention, against the bf16 row of the same path in this run."""
+        from minillm import quant
+
+        qmodel, layout = load_w4(run)
+        qmodel.set_attn_backend("triton")
+        w4_bytes = quant.weight_bytes(qmodel)["per_token"]
+        name = (f"minillm w4 g{layout['group_size']} {'sym' if layout['sym'] else 'asym'} "
+                f"(RTN, head bf16) {label}, triton attention")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tokens = generate(qmodel, ids, n, ignore_eos=True, cuda_graph=graph)
+            if not graph:
+                eager_tokens["w4"], tokens = tokens, None
+            out = row(name, lambda k: decode_bench.time_minillm(qmodel, ids, k, cuda_graph=graph),
+                      tokens, "w4", run.env["bandwidth_GBps"] * 1e9 / w4_bytes)
+        bf16 = tok_s.get(f"minillm {label}, triton attention")
+        out.update(MB_per_token=w4_bytes / 1e6,
+                   vs_bf16=out["decode_tok_s"] / bf16 if bf16 else None)
+        return out
+
+    hf = load_hf(run)
+    run.case("transformers", lambda: row("transformers",
+                                         lambda k: decode_bench.time_hf(hf, ids, k)))
+    for label, compiled, graph in DECODE_VARIANTS[:2]:  # eager, CUDA graph
+        variant(label, compiled, graph)
+    for label, graph in (("eager", False), ("CUDA graph", True)):  # before the compiled rows
+        if not wanted or f"w4 {label}" in wanted:
+            run.case(f"w4 {label}", lambda label=label, graph=graph: w4_case(label, graph))
+    for label, compiled, graph in DECODE_VARIANTS[2:]:
+        variant(label, compiled, graph)
     run.notes += [f"batch 1, {len(ids)}-token prompt, {n} new tokens, median of {rounds} "
                   f"round(s); ceiling {ceiling:.0f} tok/s = {run.env['bandwidth_GBps']} GB/s "
                   f"/ {str(model.dtype)[6:]} weight bytes",
@@ -227,6 +274,11 @@ def check_decode(run) -> None:
                   "replayed) fails if they differ; with torch attention the graph runs SDPA "
                   "with a key mask over the static cache (another SDPA kernel than eager's), "
                   "and a compiled step fuses differently, so bf16 rounding may differ there",
+                  "w4 rows: quantize_model(fp32 SmolLM2, 'rtn', 4, **quant.GPU_LAYOUT) moved "
+                  "to the device in bf16 (LM head kept bf16), every projection through the "
+                  "W4A16 kernel; of_ceiling against the bytes as stored (quant.weight_bytes "
+                  "per_token: packed nibbles, fp16 scales, 8-bit zeros), vs_bf16 against the "
+                  "bf16 row of the same path; its graph row must give its eager tokens",
                   "first_s: the first full-length call (autotuning, compilation, capture)"
                   + ("" if run.cuda else "; on a CPU the graph rows run uncaptured")]
 

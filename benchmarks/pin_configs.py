@@ -46,9 +46,17 @@ DTYPES = {16: "bf16", 32: "fp32"}
 _compiled: dict = {}
 
 
-def shared_bytes(t: tuning.Tunable, bucket: dict, cfg, arch: int) -> int:
-    """Shared memory of ``cfg`` for ``bucket`` compiled for ``arch`` (raises if it fails)."""
-    consts = {**t.constexprs(bucket), **cfg.kwargs}
+def compile_time_kwargs(t: tuning.Tunable, cfg) -> dict:
+    """The config's kwargs that are compile-time constants of the kernel (W4A16's SPLIT_K
+    is a run-time argument: every split count runs the same compiled program)."""
+    constexpr = {p.name for p in t.fn.params if p.is_constexpr}
+    return {k: v for k, v in cfg.kwargs.items() if k in constexpr}
+
+
+def shared_bytes(t: tuning.Tunable, bucket: dict, cfg, arch: int, extra: dict | None = None) -> int:
+    """Shared memory of ``cfg`` for ``bucket`` compiled for ``arch`` (raises if it fails);
+    ``extra``: constexprs beyond the bucket's (a variant the bucket does not name)."""
+    consts = {**t.constexprs(bucket), **(extra or {}), **compile_time_kwargs(t, cfg)}
     key = (t.name, arch, tuple(sorted(consts.items())), bucket.get("dt", 16), cfg.num_warps,
            cfg.num_stages)
     if key not in _compiled:
@@ -84,7 +92,7 @@ def precompile(jobs: list[tuple]) -> dict:
             if shared is not None:
                 name, bucket, cfg_dict, arch = job
                 t, cfg = tuning.tunables()[name], tuning.config_from_dict(cfg_dict)
-                consts = {**t.constexprs(bucket), **cfg.kwargs}
+                consts = {**t.constexprs(bucket), **compile_time_kwargs(t, cfg)}
                 _compiled[(name, arch, tuple(sorted(consts.items())), bucket.get("dt", 16),
                            cfg.num_warps, cfg.num_stages)] = shared
     return results

@@ -251,9 +251,14 @@ def test_cpu_dry_run_exercises_every_section_at_tiny_sizes(tmp_path):
     engines = [r["engine"] for r in by["decode"]["rows"]]
     assert engines[0] == "transformers" and "minillm eager, triton attention" in engines
     assert "minillm compiled, torch attention" in engines
-    assert sorted(by["decode"]["skipped"]) == [
-        f"minillm {how}, triton attention (torch.compile cannot trace Triton's interpreter)"
-        for how in ("CUDA graph of the compiled step", "compiled")]
+    assert by["decode"]["skipped"] == [
+        "minillm CUDA graph of the compiled step, triton attention (torch.compile cannot "
+        "trace Triton's interpreter)",
+        "minillm compiled, triton attention (torch.compile cannot trace Triton's interpreter)"]
+    w4 = [r for r in by["decode"]["rows"] if r["engine"].startswith("minillm w4")]
+    assert [r["engine"].split(") ")[1] for r in w4] == ["eager, triton attention",
+                                                        "CUDA graph, triton attention"]
+    assert w4[1]["ok"] and all(r["vs_bf16"] > 0 for r in w4)
     serving_rows = {r["system"]: r for r in by["serving"]["rows"]}
     assert list(serving_rows)[:4] == ["engine continuous, triton",
                                       "engine continuous, triton, eager", "HF one-at-a-time",
@@ -268,11 +273,17 @@ def test_cpu_dry_run_exercises_every_section_at_tiny_sizes(tmp_path):
 @pytest.mark.slow
 def test_compile_sweep_compiles_cuda_configurations_without_a_gpu():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "triton_compile_sweep.py"),
-                          "--arch", "80", "--only", "paged_decode", "--most", "2"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "sm_80 paged_decode D=64,H=16,dt=16,lse=1: {'ok': 2} of 2 configurations" in res.stdout
+    for only, most, line in (
+            ("paged_decode", 2, "sm_80 bf16 paged_decode D=64,H=16,dt=16,lse=1: {'ok': 2} of 2 "
+                                "configurations"),
+            # 10 W4A16 candidates are 2 programs (SPLIT_K is a run-time argument)
+            ("w4a16_gemv", 10, "sm_80 bf16 w4a16_gemv K=1,M=1,N=1,bk=64,dt=16 {'HAS_ZEROS': "
+                               "False}: {'ok': 2} of 2 configurations")):
+        res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "triton_compile_sweep.py"),
+                              "--arch", "80", "--only", only, "--most", str(most)],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        assert line in res.stdout, res.stdout
 
 
 class _Listing(gpu_check.Run):
@@ -306,9 +317,13 @@ def test_the_kernel_grids_cover_what_the_issue_asks(mode):
         for text in ("B=1 ", "B=256", "context=128", "context=8192"):
             assert any(text in label for label in labels), (text, labels)
     assert "B=1 context=1024" in paged  # the case at 0.59x of gather + SDPA on the H100
-    for shape in ("N=3072 K=576 M=1", "N=49152 K=576 M=1", "N=4096 K=4096 M=1",
-                  "N=14336 K=4096 M=1", "N=4096 K=4096 M=16", "N=4096 K=4096 M=256"):
-        assert shape in w4, shape
+    for n, k in ((3072, 576), (49152, 576), (4096, 4096), (14336, 4096)):  # issue 27
+        for m in (1, 16):
+            assert f"N={n} K={k} M={m} g64" in w4, (n, k, m)
+    assert "N=4096 K=4096 M=256 g64" in w4 and "N=4096 K=4096 M=1024 g64" in w4
+    for layout in ("N=3072 K=576 M=1 g96 sym", "N=3072 K=576 M=1 g192 sym",
+                   "N=4096 K=4096 M=1 g128 sym"):
+        assert layout in w4, layout
 
 
 def test_the_time_boxes_fit_the_plan():

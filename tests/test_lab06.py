@@ -286,6 +286,23 @@ def test_decode_tok_s_survives_a_stall_in_the_one_token_run(monkeypatch):
         quant_runs.decode_tok_s(None, [1], new_tokens=1)
 
 
+def test_decode_against_bandwidth_on_this_device(tiny, capsys):
+    """The Lab 06 cell's function, on the tiny model and the CPU (the course device here):
+    the float model and its w4 copy decode, each against bandwidth / its bytes per token."""
+    rows = quant_runs.decode_against_bandwidth(tiny, CharTokenizer(), device="cpu",
+                                               bandwidth=2e9, new_tokens=4, repeats=1)
+    fp, w4 = rows
+    assert fp["model"] == "float32" and w4["model"] == "w4 g64 asym"
+    assert w4["MB_per_token"] < fp["MB_per_token"]
+    for r in rows:
+        assert r["tok_s"] > 0 and r["device"] == "cpu"
+        assert r["ceiling_tok_s"] == pytest.approx(2e9 / (r["MB_per_token"] * 1e6))
+        assert r["of_ceiling"] == pytest.approx(r["tok_s"] / r["ceiling_tok_s"])
+    out = capsys.readouterr().out
+    assert "bandwidth 2.0 GB/s" in out and "of ceiling" in out and "w4 g64 asym" in out
+    assert tiny.layers[0].attn.qkv_proj.__class__.__name__ == "Linear"  # the model is untouched
+
+
 def test_activation_maxima_and_projection_input(tiny):
     ids = torch.arange(3, 40)
     maxima = quant_runs.activation_maxima(tiny, ids)

@@ -10,6 +10,7 @@ and the benchmark's own table when it has been run. The figures are in
     maxima = activation_maxima(model, ids)    # {projection: [layers, channels]} of max |x|
     x = projection_input(model, ids, 3, "o_proj")  # [tokens, 576]: one projection's inputs
     benchmark_rows()                          # benchmarks/results/quant.json, or None
+    decode_against_bandwidth(model, tok)      # float vs w4 decode on the device, of ceiling
 
 Caching: a result is keyed by the model (its name, dtype and a checksum of a few weights),
 the setting (method, bits, group size, LM head) and the measurement's size (evaluation and
@@ -22,6 +23,7 @@ setting ``quantize_model`` rejects raises its ValueError unchanged and caches no
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -34,7 +36,7 @@ from minillm import generate, quant, timing
 from minillm.quant.quantize import PROJECTIONS, projections
 
 __all__ = ["QuantResult", "QuantRuns", "decode_tok_s", "activation_maxima", "projection_input",
-           "benchmark_rows", "default_cache_path", "label"]
+           "benchmark_rows", "default_cache_path", "label", "decode_against_bandwidth"]
 
 CACHE_VERSION = 2  # 2: the W4/W8 kernels and decode_tok_s changed; re-measure
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "quant.json"
@@ -239,6 +241,67 @@ class QuantRuns:
                 self._save(key, result)
                 self.runs += 1
         return [self.cached(*s) for s in settings]
+
+
+# --------------------------------------------------------------------------- device speed
+
+
+def _copy_to(model, device: torch.device, dtype: torch.dtype):
+    """`model` itself when it is already there in `dtype`, else a moved copy."""
+    if model.device == device and model.embed_tokens.weight.dtype == dtype:
+        return model
+    moved = copy.deepcopy(model, memo={id(model._compiled_run): None})
+    moved._compiled_run = None
+    return moved.to(device=device, dtype=dtype)
+
+
+def decode_against_bandwidth(model, tokenizer=None, device=None, bandwidth=None, layout=None,
+                             new_tokens: int = 32, repeats: int = 3, prompt_ids=None,
+                             show: bool = True) -> list[dict]:
+    """Batch-1 decode of the float model and of its RTN w4 copy on `device` (default: the
+    course's device, CUDA if there is one), each against its bandwidth ceiling.
+
+    The float model runs in the device's dtype (bf16 on CUDA, fp32 on a CPU); the w4 copy
+    is ``quantize_model(model, "rtn", 4, **layout)`` moved there (layout: ``quant.GPU_LAYOUT``
+    on CUDA, g64 asymmetric on a CPU), so its products go through the W4A16 Triton kernel on
+    a GPU (and ``generate`` captures each decode step in a CUDA graph) or the C++ W4 kernel
+    on a CPU. Ceiling = bandwidth / the bytes a step reads as stored
+    (``quant.weight_bytes``); bandwidth in bytes/s (default: measured, read-only stream).
+    Returns one dict per model and prints them (``show``)."""
+    from minillm import devices, perf
+
+    device = devices._resolve(device)
+    dtype = devices.default_dtype(device)
+    if bandwidth is None:
+        bandwidth = perf.measure_bandwidth(device)["sum"]
+    if layout is None:
+        layout = quant.GPU_LAYOUT if device.type == "cuda" else {"group_size": 64, "sym": False}
+    if prompt_ids is None:
+        prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": DEFAULT_PROMPT}])
+    source = model if model.device.type == "cpu" else _copy_to(model, torch.device("cpu"),
+                                                               torch.float32)
+    w4 = quant.quantize_model(source, "rtn", 4, progress=False, **layout)  # from the float weights
+    name = f"w4 g{layout['group_size']} {'sym' if layout['sym'] else 'asym'}"
+    rows = []
+    for label_, m in ((str(dtype).removeprefix("torch."), _copy_to(model, device, dtype)),
+                      (name, w4.to(device=device, dtype=dtype))):
+        nbytes = quant.weight_bytes(m)["per_token"]
+        tok_s = decode_tok_s(m, list(prompt_ids), new_tokens, repeats)
+        rows.append({"model": label_, "device": device.type, "tok_s": tok_s,
+                     "MB_per_token": nbytes / 1e6, "ceiling_tok_s": bandwidth / nbytes,
+                     "of_ceiling": tok_s * nbytes / bandwidth})
+    if show:
+        how = ("CUDA graphs; w4 products by the W4A16 Triton kernel" if device.type == "cuda"
+               else "eager; w4 products by the C++ W4 kernel")
+        print(f"{devices.device_name(device)} ({device.type}): bandwidth {bandwidth / 1e9:.1f} "
+              f"GB/s; batch-1 decode, {how}")
+        print(f"{'model':15} {'tok/s':>8} {'MB/token':>10} {'ceiling tok/s':>15} "
+              f"{'of ceiling':>12} {'speed-up':>10}")
+        for r in rows:
+            print(f"{r['model']:15} {r['tok_s']:8.1f} {r['MB_per_token']:10.1f} "
+                  f"{r['ceiling_tok_s']:15.0f} {100 * r['of_ceiling']:11.0f}% "
+                  f"{r['tok_s'] / rows[0]['tok_s']:9.2f}×")
+    return rows
 
 
 # --------------------------------------------------------------------------- outliers

@@ -6,7 +6,7 @@ attention they are checked against.
   chunked prefill.
 * ``paged_decode_attention`` - one query token per sequence, K/V read through a block table.
 * ``w4a16_linear``           - ``x @ Wᵀ`` with W stored in 4 bits (``minillm.quant.packing``),
-  dequantized tile by tile inside the matmul.
+  unpacked in registers from 32-bit words: a split-K GEMV for decode, tiles above.
 * ``tiled``                  - ``naive_attention``, ``online_softmax_update``,
   ``tiled_attention``: the teaching steps and the oracle.
 

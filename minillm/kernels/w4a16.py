@@ -2,193 +2,379 @@
 
 ``w4a16_linear(x, qweight, scales, zeros, group_size)`` computes ``y = x @ Ŵᵀ`` for
 activations x ``[..., K]`` in 16 bits (fp16 / bf16; fp32 is accepted too) and a weight Ŵ
-``[N, K]`` that only exists in the packed 4-bit format of ``minillm.quant.packing``. The
-float weight is never written to memory: each tile is unpacked in registers and fed to
-``tl.dot``.
+``[N, K]`` that only exists in the packed 4-bit format of ``minillm.quant.packing``.
 
 Why: a decode step multiplies one token (or a handful) by every weight matrix, so it does
-~2 flops per weight byte read and is memory-bound on any GPU. Its time is the bytes it
-reads. 4-bit weights are 1/4 of fp16's bytes (plus a scale and a zero per group), so the
-step can be up to ~4x faster; the unpacking costs ALU work the GPU has to spare.
-Prefill (many rows) is compute-bound and gains nothing from the smaller weight.
+~2 flops per weight byte read and is memory-bound on any GPU: its time is the bytes it
+reads. 4-bit weights are a quarter of bf16's bytes (plus a scale, and a zero for an
+asymmetric weight, per group), so the product can be up to ~3.5x faster; unpacking costs
+ALU work the GPU has to spare, if it is cheap. Prefill (many rows) is compute-bound.
 
 Layout (``packing.py``; W ``[N = out_features, K = in_features]``, groups of g columns,
-G = K / g):
+G = K / g): ``qweight`` uint8 ``[N, K / 2]``, column 2j in the low nibble of byte j and
+2j + 1 in the high one; ``scales``, ``zeros`` fp32 ``[N, G]``; ``Ŵ[n, k] = (u[n, k] −
+zeros[n, k // g]) · scales[n, k // g]``. A symmetric 4-bit weight has every zero equal to 8:
+pass ``zeros=None`` and the kernel reads no zeros at all.
 
-* ``qweight`` uint8 ``[N, K / 2]``: column 2j in the low nibble, column 2j + 1 in the high
-  nibble, so a row's bytes run along K.
-* ``scales``, ``zeros`` fp32 ``[N, G]`` (zeros hold integers): for both symmetric and
-  asymmetric weights ``Ŵ[n, k] = (u[n, k] − zeros[n, k // g]) · scales[n, k // g]``.
+The kernel reads the same bytes as 32-bit words: ``qweight.view(torch.int32)`` is ``[N, K / 8]``
+and, little-endian, bits 4i..4i+3 of word j are column 8j + i. One 16-byte load brings 32
+weights of a row. Per word (``_unpack``):
 
-Tiling: one program computes one ``[BLOCK_M, BLOCK_N]`` tile of y (``BLOCK_M`` rows of x,
-``BLOCK_N`` output features) and walks K in steps of ``BLOCK_K``. Per step it loads
+* nibble i is ``(word >> 4i) & 0xF``; OR-ed with ``0x4B000000`` and read as fp32 it is
+  exactly ``2^23 + u`` (the exponent of 2^23 with u in the low mantissa bits), so no
+  int-to-float conversion (a quarter-rate instruction on GPUs) is needed, and
+  ``f − (2^23 + z)`` is exactly ``u − z``;
+* seven ``tl.interleave`` put the eight nibble planes back in column order.
 
-* x ``[BLOCK_M, BLOCK_K]`` (masked rows and columns read 0),
-* the packed bytes ``[BLOCK_N, BLOCK_K / 2]``, contiguous along K (vector loads), splits
-  each byte into its two nibbles and interleaves them back to ``[BLOCK_N, BLOCK_K]``
-  (``tl.interleave``: low nibble first, exactly the packing order),
-* the scales and zeros of the group(s) the step covers,
+Two shapes of work (one kernel, ``BLOCK_M`` decides):
 
-then ``w = (u − z) · s`` in fp32, casts w to x's dtype and accumulates
-``tl.dot(x, wᵀ)`` in fp32. The output is cast to x's dtype once, at the end.
+* **GEMV, M = 1** (``BLOCK_M == 1``, decode): a program owns ``BLOCK_N`` rows of W and one
+  K range; per step of ``BLOCK_K`` columns (inside one group) it multiplies ``u − z`` by x
+  elementwise, sums along K (no ``tl.dot``, so no padding of one row to 16) and adds
+  ``scale · sum`` to an fp32 accumulator: one scale (and zero) load per row and group.
+* **Tiled, M > 1** (``BLOCK_M >= 16``): the same unpacking, then ``u − z`` (small integers,
+  exact in fp16 / bf16) goes through ``tl.dot`` against a ``[BLOCK_M, BLOCK_K]`` tile of x,
+  and the fp32 product is scaled per group. M ≤ 16 is the "w4a16_gemv" tunable's second
+  bucket, larger M the "w4a16_gemm" tunable.
+
+What the compiler makes of the GEMV (read in the sm_90 PTX / SASS, tested by
+``test_kernel_compiles_for_cuda_sm90_without_a_gpu``): the words and x arrive with 16-byte
+loads; the interleaves stay in registers (no shared memory); about 7 instructions per
+weight (shift, bit-extract and OR per nibble, the subtraction, the FMA, x's bf16 → fp32).
+Two layout traps, avoided by the candidate tiles: when the x tile or the per-row scales
+have as many elements as the program has threads (BLOCK_K or BLOCK_N ≥ 32 · warps),
+Triton gives their loads a layout of their own and converts each step through shared
+memory (with two barriers), or worse converts the whole weight tile; hence BLOCK_K ≤ 64,
+and 4 or 8 warps.
+
+**Split-K.** A 4096 x 4096 weight at BLOCK_N = 64 is only 64 row blocks, half a wave of an
+H100's 132 SMs, and each would walk 4096 columns one load latency at a time. With
+``SPLIT_K`` > 1 the grid gets a third axis: program (n, m, s) reduces the s-th of SPLIT_K
+K ranges into fp32 ``partials[s]``, then takes a ticket from a per-tile counter
+(``tl.atomic_add``, acquire-release); the program that draws the last ticket sums the
+SPLIT_K partials *in split order* (so the result does not depend on who arrived last),
+writes y in x's dtype and resets the counter to 0 (the "last block reduces" pattern of
+CUDA's threadFenceReduction sample). One launch, no memset, deterministic, and safe to run
+again and again (autotuning, CUDA graph replays): the counters are zero between launches.
+
+**Large M.** From ``DEQUANT_MIN_M`` rows (long prefills: compute-bound) the weight is
+dequantized once into a buffer of x's dtype by ``_dequantize_kernel`` and multiplied by
+``torch.matmul`` (cuBLAS). The GPU check times both at M = 256 and 1024.
 
 Invariants:
 
-* ``BLOCK_K`` is chosen from the group size: the largest power of two up to
-  ``MAX_BLOCK_K`` that divides g. Then a K step never straddles two groups, and the
-  kernel loads one scale and one zero per output feature per step (``GROUP_ALIGNED``). A
-  group size with no such divisor >= 16 (e.g. 24) takes the general path: a group index
-  per column, with scales and zeros gathered per element (correct for any g, slower).
-* Every edge is masked: M and N (any value, odd included), and K when ``BLOCK_K`` does
-  not divide it (only possible on the general path). Masked weights read
-  u = z = s = 0, so they contribute exactly 0 and never NaN.
-* ``tl.dot`` needs every dim >= 16, so ``BLOCK_M >= 16`` even for a 1-row decode (the
-  padding rows are masked: tensor-core work is wasted, but the step is memory-bound).
-* The dequantized weight is rounded to x's dtype before the product, exactly like the
-  plain path ``F.linear(x, dequantize_packed(...).to(x.dtype))``; accumulation is fp32.
-  On CUDA an fp32 x makes ``tl.dot`` use TF32 (about 1e-3 relative error); the
-  interpreter computes fp32 exactly.
-* Offsets are int64 (a row of x or y times its stride can pass 2^31 for long prefills
-  against a large vocabulary).
+* ``BLOCK_K`` is the largest power of two up to 64 that divides g (at least 16), so a K
+  step never straddles two groups (one scale per row per step; the group index is carried
+  from step to step, not divided) and K is a multiple of it: no K masks. A layout the
+  kernel does not take (g not a multiple of 16, a qweight whose rows are not whole int32
+  words) is computed by the plain path ``F.linear(x, dequantize_packed(...))``: correct,
+  slow, and never chosen for the layouts ``quantize_model`` makes (g 32 … 576).
+* M and N edges are masked; a masked row reads u = z = s = 0, so it never makes a NaN.
+* Accumulation is fp32. The GEMV path multiplies x by the exact ``u − z`` and scales the
+  sum, so it is *more* exact than the plain path (which rounds each ``(u − z) · s`` to x's
+  dtype first); the tiled path rounds x to TF32 when x is fp32 (``tl.dot`` on CUDA).
+* The counters are one int32 buffer per device (``COUNTER_SLOTS``), allocated by the first
+  call (outside a graph capture when the caller warms up first, as the decode graphs and
+  the engine do). Split-K launches on one device must not overlap in time (one stream at
+  a time: the engine and CUDA graphs run their kernels in order). A shape with more tiles
+  than slots runs with one split.
+* The host wrapper checks shapes and dtypes only: no value of a CUDA tensor is read, so
+  nothing synchronizes and a CUDA graph can capture the call.
 
-Tiles: on CUDA ``BLOCK_M`` / ``BLOCK_N`` / warps / stages are autotuned, keyed on
-(N, K, group size, a coarse bucket of M), with configs pruned to the bucket (16-row tiles
-for decode, wider ones for prefill). On the interpreter: one fixed small tile.
+Tiles (``tuning.py``): "w4a16_gemv" (M ≤ 16) and "w4a16_gemm" (M > 16) pin
+BLOCK_N / SPLIT_K (and BLOCK_M) / warps / stages per bucket: the M class, BLOCK_K (from g),
+a class of N and of K (GEMV), and the dtype width. SPLIT_K is a run-time argument, so the
+split counts of one tile shape share one compiled program. On the interpreter: one fixed
+config with two splits (so the CPU tests always cross the split-K reduction).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .interpreter import interpreter_enabled
+from . import tuning
 from ._checks import _check_device_dtype
 
 __all__ = ["w4a16_linear"]
 
-MAX_BLOCK_K = 128      # CUDA: K step for a group size of 128 or more (power of two)
-CPU_MAX_BLOCK_K = 32   # interpreter: small, so the tests also cover several steps per group
-CPU_BLOCK_M = 16       # interpreter: the smallest tile tl.dot allows ...
-CPU_BLOCK_N = 32       # ... and a small one for the outputs
-_GENERAL_BLOCK_K = 64  # K step on the general path (no power of two >= 16 divides g)
+MAX_BLOCK_K = 64          # the largest K step (a power of two dividing the group size)
+MIN_BLOCK_K = 16          # groups with no power-of-two divisor this large take the plain path
+GEMV_MAX_M = 16           # up to here "w4a16_gemv"; beyond, "w4a16_gemm"
+DEQUANT_MIN_M = 1024      # from here: dequantize once, then torch.matmul (to set by measurement)
+COUNTER_SLOTS = 1 << 16   # split-K tile counters per device (256 KiB)
+SYM_ZERO = 8.0            # the zero point of every group of a symmetric 4-bit weight
 
 
 @triton.jit
+def _unpack(words):
+    """int32 words ``[R, W]`` -> fp32 ``[R, 8 W]`` holding ``2^23 + u``, columns in order
+    (column 8j + i is nibble i, bits 4i..4i+3, of word j)."""
+    words = words.to(tl.uint32, bitcast=True)  # logical shifts: no sign extension
+    magic = 0x4B000000
+    u0 = (words & 0xF) | magic
+    u1 = ((words >> 4) & 0xF) | magic
+    u2 = ((words >> 8) & 0xF) | magic
+    u3 = ((words >> 12) & 0xF) | magic
+    u4 = ((words >> 16) & 0xF) | magic
+    u5 = ((words >> 20) & 0xF) | magic
+    u6 = ((words >> 24) & 0xF) | magic
+    u7 = (words >> 28) | magic
+    # interleave(a, b)[2t] = a[t], [2t + 1] = b[t]: even columns 8j + {0, 2, 4, 6} in
+    # order come from interleave(interleave(u0, u4), interleave(u2, u6)), the odd likewise.
+    even = tl.interleave(tl.interleave(u0, u4), tl.interleave(u2, u6))
+    odd = tl.interleave(tl.interleave(u1, u5), tl.interleave(u3, u7))
+    return tl.interleave(even, odd).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _weight_step(q_rows, s_rows, z_rows, n_mask, k0, g, stride_sg, stride_zg,
+                 BLOCK_K: tl.constexpr, HAS_ZEROS: tl.constexpr):
+    """One K step of the program's rows, inside group g: (``u − z`` exactly, in fp32,
+    ``[BLOCK_N, BLOCK_K]``; the group's scales ``[BLOCK_N]``). Masked rows read 0s."""
+    # k0 is a multiple of BLOCK_K (so is every split's start): say so, for 16-byte loads
+    offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    offs_w = tl.max_contiguous(tl.multiple_of(offs_w, BLOCK_K // 8), BLOCK_K // 8)
+    words = tl.load(q_rows[:, None] + offs_w[None, :], mask=n_mask[:, None], other=0)
+    s = tl.load(s_rows + g * stride_sg, mask=n_mask, other=0.0)
+    if HAS_ZEROS:
+        zc = tl.load(z_rows + g * stride_zg, mask=n_mask, other=0.0) + 8388608.0
+        v = _unpack(words) - zc[:, None]
+    else:  # symmetric: every zero is 8
+        v = _unpack(words) - (8388608.0 + 8.0)
+    return v, s
+
+
+@triton.jit
+def _step_columns(k0, BLOCK_K: tl.constexpr):
+    """The columns k0 .. k0 + BLOCK_K - 1 of a step, marked aligned and contiguous."""
+    return tl.max_contiguous(tl.multiple_of(k0 + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
+
+
+@triton.jit
+def _next_step(g, in_group, group_size, BLOCK_K: tl.constexpr):
+    """(group, column in the group) of the next K step (BLOCK_K divides group_size)."""
+    in_group += BLOCK_K
+    wrap = in_group == group_size
+    return g + wrap.to(tl.int32), tl.where(wrap, 0, in_group)
+
+
+# SPLIT_K is a run-time argument, never specialized: one compiled kernel per tile
+# config serves every split count (autotuning compiles 5 programs per bucket, not 25).
+@triton.jit(do_not_specialize=["SPLIT_K", "k_per_split"])
 def _w4a16_kernel(
-    X, QW, Scales, Zeros, Out,
-    M, N, K, group_size, m_bucket,
-    stride_xm, stride_xk,
-    stride_qn, stride_qk,
-    stride_sn, stride_sg,
-    stride_zn, stride_zg,
-    stride_om, stride_on,
+    X, QW, Scales, Zeros, Out, Partials, Counters,
+    M, N, K, group_size, k_per_split, SPLIT_K,
+    stride_xm, stride_xk, stride_qn, stride_sn, stride_sg, stride_zn, stride_zg,
+    stride_om, stride_on, stride_ps, stride_pm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_ALIGNED: tl.constexpr, EVEN_K: tl.constexpr,
+    HAS_ZEROS: tl.constexpr, ROW_ALIGN: tl.constexpr,
 ):
-    # m_bucket is only an autotune key (see _m_bucket); the kernel does not read it.
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)           # activation / weight columns of one step
-    offs_b = tl.arange(0, BLOCK_K // 2)      # packed byte columns of one step
-    m_mask = offs_m < M
     n_mask = offs_n < N
-    rows_m = offs_m.to(tl.int64)
     rows_n = offs_n.to(tl.int64)
+    # Row starts are ROW_ALIGN-word aligned (16 bytes when 4): vector loads of whole rows.
+    q_rows = QW + tl.multiple_of(rows_n * stride_qn, ROW_ALIGN)
+    s_rows = Scales + rows_n * stride_sn
+    z_rows = Zeros + rows_n * stride_zn
+    k_start = pid_k * k_per_split  # k_per_split: a multiple of BLOCK_K; the last split
+    k_end = tl.minimum(k_start + k_per_split, K)  # may be shorter, or even empty
+    g = k_start // group_size  # the step's group and its column in it, carried from
+    in_group = k_start - g * group_size  # step to step (no division per step)
 
-    x_ptrs = X + rows_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
-    q_ptrs = QW + rows_n[:, None] * stride_qn + offs_b[None, :] * stride_qk
-    s_row = Scales + rows_n * stride_sn
-    z_row = Zeros + rows_n * stride_zn
+    if BLOCK_M == 1:  # GEMV: elementwise products summed along K, one x row per program
+        x_row = X + pid_m.to(tl.int64) * stride_xm
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            v, s = _weight_step(q_rows, s_rows, z_rows, n_mask, k0, g, stride_sg, stride_zg,
+                                BLOCK_K, HAS_ZEROS)
+            # x as [1, BLOCK_K], not 1-d: it then takes the weight tile's layout, and each
+            # thread loads its own columns with 16-byte loads (a 1-d slice: scalar loads)
+            cols = _step_columns(k0, BLOCK_K)
+            x = tl.load(x_row + cols[None, :] * stride_xk).to(tl.float32)
+            acc += tl.sum(v * x, axis=1) * s
+            g, in_group = _next_step(g, in_group, group_size, BLOCK_K)
+        acc2 = acc[None, :]
+        offs_m = pid_m + tl.arange(0, 1)
+    else:  # tiled: tl.dot of an x tile with the exact integers u - z, scaled per group
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_mask = offs_m < M
+        x_rows = X + offs_m.to(tl.int64)[:, None] * stride_xm
+        acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            v, s = _weight_step(q_rows, s_rows, z_rows, n_mask, k0, g, stride_sg, stride_zg,
+                                BLOCK_K, HAS_ZEROS)
+            cols = _step_columns(k0, BLOCK_K)
+            x = tl.load(x_rows + cols[None, :] * stride_xk, mask=m_mask[:, None], other=0.0)
+            # |u - z| <= 15: exact in fp16 / bf16, so only x's rounding enters the product
+            acc2 += tl.dot(x, tl.trans(v.to(x.dtype))) * s[None, :]
+            g, in_group = _next_step(g, in_group, group_size, BLOCK_K)
 
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
-            packed = tl.load(q_ptrs, mask=n_mask[:, None], other=0)
-        else:
-            k_mask = (k0 + offs_k) < K
-            b_mask = (k0 // 2 + offs_b) < K // 2
-            x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            packed = tl.load(q_ptrs, mask=n_mask[:, None] & b_mask[None, :], other=0)
-        # [BLOCK_N, BLOCK_K / 2] bytes -> [BLOCK_N, BLOCK_K] nibbles, column 2j = low nibble
-        u = tl.interleave(packed & 0x0F, packed >> 4).to(tl.float32)
-        if GROUP_ALIGNED:  # the whole step lies in group k0 // group_size
-            g = k0 // group_size
-            s = tl.load(s_row + g * stride_sg, mask=n_mask, other=0.0)
-            z = tl.load(z_row + g * stride_zg, mask=n_mask, other=0.0)
-            w = (u - z[:, None]) * s[:, None]
-        else:  # any group size: one group index per column
-            grp = (k0 + offs_k) // group_size
-            sz_mask = n_mask[:, None] & ((k0 + offs_k) < K)[None, :]
-            s = tl.load(s_row[:, None] + grp[None, :] * stride_sg, mask=sz_mask, other=0.0)
-            z = tl.load(z_row[:, None] + grp[None, :] * stride_zg, mask=sz_mask, other=0.0)
-            w = (u - z) * s
-        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)  # [BLOCK_M, BLOCK_K] @ [BLOCK_K, BLOCK_N]
-        x_ptrs += BLOCK_K * stride_xk
-        q_ptrs += (BLOCK_K // 2) * stride_qk
-
-    o_ptrs = Out + rows_m[:, None] * stride_om + offs_n[None, :] * stride_on
-    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
-
-
-def _cuda_configs():
-    configs = []
-    for bm in (16, 32, 64, 128):
-        for bn in (32, 64, 128):
-            for warps in (2, 4, 8):
-                for stages in (2, 3, 4):
-                    if (bm == 16 and warps == 8) or (bm >= 64 and warps == 2):
-                        continue
-                    configs.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn},
-                                                 num_warps=warps, num_stages=stages))
-    return configs
-
-
-_BUCKET_BLOCK_M = {0: (16,), 1: (32, 64), 2: (64, 128)}
-
-
-def _m_bucket(m: int) -> int:
-    """0: decode-sized (<= 16 rows), 1: up to 64 rows, 2: prefill."""
-    return 0 if m <= 16 else (1 if m <= 64 else 2)
-
-
-def _prune_configs(configs, named_args, **kwargs):
-    """Keep the tiles whose BLOCK_M suits the bucket of M (no 128-row tile for one token)."""
-    keep = _BUCKET_BLOCK_M[named_args["m_bucket"]]
-    return [c for c in configs if c.kwargs["BLOCK_M"] in keep]
+    out_mask = (offs_m < M)[:, None] & n_mask[None, :]
+    rows_m = offs_m.to(tl.int64)
+    out_ptrs = Out + rows_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc2.to(Out.dtype.element_ty), mask=out_mask)
+    else:  # partials [SPLIT_K, M, N] fp32; the last split of the tile to finish reduces
+        part = Partials + rows_m[:, None] * stride_pm + offs_n[None, :]
+        tl.store(part + pid_k.to(tl.int64) * stride_ps, acc2, mask=out_mask)
+        tl.debug_barrier()  # every thread's partial is written before the ticket (release)
+        tile = pid_m * tl.num_programs(0) + pid_n
+        ticket = tl.atomic_add(Counters + tile, 1, sem="acq_rel")
+        if ticket == SPLIT_K - 1:
+            total = tl.zeros_like(acc2)
+            for s in range(0, SPLIT_K):  # in split order: the result is deterministic
+                total += tl.load(part + s * stride_ps, mask=out_mask, other=0.0,
+                                 cache_modifier=".cg")  # from L2, never a stale L1 line
+            tl.store(out_ptrs, total.to(Out.dtype.element_ty), mask=out_mask)
+            tl.atomic_xchg(Counters + tile, 0)  # zero again for the next launch
 
 
-# Autotuned once per (N, K, group size, M bucket, dtypes): a model has a handful of
-# (N, K) shapes, and the bucket keeps a changing batch size from re-tuning every step.
-_w4a16_tuned = triton.autotune(
-    configs=_cuda_configs(), key=["N", "K", "group_size", "m_bucket"],
-    prune_configs_by={"early_config_prune": _prune_configs},
-)(_w4a16_kernel)
+@triton.jit
+def _dequantize_kernel(
+    QW, Scales, Zeros, W, N, group_size,
+    stride_qn, stride_sn, stride_sg, stride_zn, stride_zg, stride_wn,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_ZEROS: tl.constexpr,
+    ROW_ALIGN: tl.constexpr,
+):
+    """W ``[N, K]`` in W's dtype, one ``[BLOCK_N, BLOCK_K]`` tile (inside one group) per
+    program: ``(u − z) · s`` in fp32, then rounded, bit for bit as ``dequantize_packed``."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    n_mask = offs_n < N
+    rows_n = offs_n.to(tl.int64)
+    v, s = _weight_step(QW + tl.multiple_of(rows_n * stride_qn, ROW_ALIGN),
+                        Scales + rows_n * stride_sn, Zeros + rows_n * stride_zn, n_mask, k0,
+                        k0 // group_size, stride_sg, stride_zg, BLOCK_K, HAS_ZEROS)
+    tl.store(W + rows_n[:, None] * stride_wn + _step_columns(k0, BLOCK_K)[None, :],
+             (v * s[:, None]).to(W.dtype.element_ty), mask=n_mask[:, None])
 
 
-def _block_k(group_size: int, max_block_k: int) -> tuple[int, bool]:
-    """(BLOCK_K, aligned): the largest power of two <= max_block_k dividing the group size
-    (one group per step), or the general path's step when none >= 16 does."""
-    bk = max_block_k
-    while bk >= 16:
+# ----------------------------------------------------------------------------- tiles
+
+_SIGNATURE = {"X": "*{dt}", "QW": "*i32", "Scales": "*fp32", "Zeros": "*fp32", "Out": "*{dt}",
+              "Partials": "*fp32", "Counters": "*i32"}
+
+# M <= 16 (decode, a speculative verify, a small batch). Buckets: M (1: the elementwise
+# GEMV; 16: tl.dot with 16-row tiles), bk (BLOCK_K, from the group size), classes of N
+# (0: <= 1024, 1: <= 8192, 2: more) and of K (0: <= 1024, 1: more), the dtype width.
+# A thread loads 16 bytes (4 words, 32 weights) of a row when BLOCK_N * BLOCK_K >= 1024 *
+# warps; at BLOCK_K = 64 (g64, g192, per-channel 576) the candidates give a thread 16 to
+# 64 weights a step, and (64, 4) and (128, 8) also keep the per-step scales in the
+# reduction's layout (no barrier in the loop, see the module docstring). SPLIT_K up to
+# 16: a 4096-wide row in 16 splits is 4 steps of 64 columns per program, and 4096 rows /
+# 64 x 16 splits make 1024 programs for 132 SMs. SPLIT_K is not a compile-time constant, so the 25
+# candidates are 5 compiled programs.
+W4A16_GEMV = tuning.register(tuning.Tunable(
+    name="w4a16_gemv", fn=_w4a16_kernel,
+    configs=tuple(triton.Config({"BLOCK_N": bn, "SPLIT_K": sk}, num_warps=w, num_stages=2)
+                  for bn, w in ((32, 4), (64, 4), (128, 4), (128, 8), (256, 8))
+                  for sk in (1, 2, 4, 8, 16)),
+    default=triton.Config({"BLOCK_N": 64, "SPLIT_K": 4}, num_warps=4, num_stages=2),
+    interpreter=triton.Config({"BLOCK_N": 64, "SPLIT_K": 2}, num_warps=4, num_stages=1),
+    bucket_space={"M": (1, 16), "bk": (16, 32, 64), "N": (0, 1, 2), "K": (0, 1),
+                  "dt": (16, 32)},
+    signature=_SIGNATURE,
+    constexprs=lambda b: {"BLOCK_M": 1 if b["M"] == 1 else 16, "BLOCK_K": b["bk"],
+                          "HAS_ZEROS": True, "ROW_ALIGN": 4},
+))
+
+# 16 < M < DEQUANT_MIN_M (prefill chunks, large batches): tiled, BLOCK_M from the config.
+W4A16_GEMM = tuning.register(tuning.Tunable(
+    name="w4a16_gemm", fn=_w4a16_kernel,
+    configs=tuple(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk}, num_warps=w,
+                                num_stages=st)
+                  for bm, bn, sk, w, st in (
+                      (32, 64, 1, 4, 3), (32, 128, 1, 4, 3), (32, 64, 4, 4, 3),
+                      (64, 64, 1, 4, 3), (64, 128, 1, 4, 3), (64, 128, 1, 8, 3),
+                      (64, 64, 2, 4, 3), (64, 128, 2, 4, 4), (64, 64, 4, 4, 4),
+                      (128, 64, 1, 4, 3), (128, 128, 1, 8, 3), (128, 128, 2, 8, 3),
+                      (128, 128, 1, 8, 4), (128, 64, 2, 4, 4))),
+    default=triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 1}, num_warps=4,
+                          num_stages=3),
+    interpreter=triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "SPLIT_K": 1}, num_warps=4,
+                              num_stages=1),
+    bucket_space={"M": (64, 256, 1024), "bk": (16, 32, 64), "dt": (16, 32)},
+    signature=_SIGNATURE,
+    constexprs=lambda b: {"BLOCK_K": b["bk"], "HAS_ZEROS": True, "ROW_ALIGN": 4},
+))
+
+DEQUANT_BLOCK_N = 32  # the dequantize kernel's fixed tile: BLOCK_N rows x BLOCK_K columns
+
+
+def _n_class(n: int) -> int:
+    return 0 if n <= 1024 else (1 if n <= 8192 else 2)
+
+
+def _k_class(k: int) -> int:
+    return 0 if k <= 1024 else 1
+
+
+def _gemm_m_class(m: int) -> int:
+    return 64 if m <= 64 else (256 if m <= 256 else 1024)
+
+
+def bucket_for(m: int, n: int, k: int, block_k: int, dtype: torch.dtype):
+    """(Tunable, bucket) of a product with M rows (M < DEQUANT_MIN_M), N x K weight."""
+    dt = tuning.dtype_bits(dtype)
+    if m <= GEMV_MAX_M:
+        return W4A16_GEMV, {"M": 1 if m == 1 else 16, "bk": block_k, "N": _n_class(n),
+                            "K": _k_class(k), "dt": dt}
+    return W4A16_GEMM, {"M": _gemm_m_class(m), "bk": block_k, "dt": dt}
+
+
+# ----------------------------------------------------------------------------- host side
+
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def _tile_counters(device: torch.device) -> torch.Tensor:
+    """The device's split-K tile counters: zero between launches (the kernel resets them)."""
+    c = _counters.get(device)
+    if c is None:
+        c = _counters[device] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return c
+
+
+def _block_k(group_size: int) -> int | None:
+    """The largest power of two <= MAX_BLOCK_K that divides the group size, or None when
+    it is below MIN_BLOCK_K (the kernel then does not take the layout)."""
+    bk = MAX_BLOCK_K
+    while bk >= MIN_BLOCK_K:
         if group_size % bk == 0:
-            return bk, True
+            return bk
         bk //= 2
-    return _GENERAL_BLOCK_K, False
+    return None
+
+
+def _as_words(qweight: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """(qweight read as int32 words [N, K / 8], row alignment in words: 4 = 16 bytes), or
+    None when its rows are not whole, aligned words (the plain path takes those)."""
+    if (qweight.shape[1] % 4 or qweight.stride(1) != 1 or qweight.stride(0) % 4
+            or qweight.storage_offset() % 4):
+        return None
+    words = qweight.view(torch.int32)
+    row = words.stride(0)
+    return words, (4 if row % 4 == 0 else (2 if row % 2 == 0 else 1))
 
 
 def _check_args(x, qweight, scales, zeros, group_size) -> tuple[int, int, int]:
-    """(N, K, G) after checking every argument; clear ValueErrors otherwise."""
-    for name, t in (("x", x), ("qweight", qweight), ("scales", scales), ("zeros", zeros)):
+    """(N, K, G) after checking every argument (shapes, dtypes, devices: never a value);
+    clear ValueErrors otherwise."""
+    named = (("x", x), ("qweight", qweight), ("scales", scales)) + (
+        (("zeros", zeros),) if zeros is not None else ())
+    for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if x.dim() < 1 or not x.is_floating_point():
         raise ValueError(f"x must be a float tensor [..., K], got a {x.dim()}-d {x.dtype} tensor")
     _check_device_dtype({"x": x})  # device kind and activation dtype (bf16: not on the interpreter)
-    for name, t in (("qweight", qweight), ("scales", scales), ("zeros", zeros)):
+    for name, t in named[1:]:
         if t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}; "
                              "move the weight and activations to one device")
@@ -209,7 +395,7 @@ def _check_args(x, qweight, scales, zeros, group_size) -> tuple[int, int, int]:
         raise ValueError(f"group_size {group_size} does not divide K = {k}; groups must tile each "
                          "row exactly (per-channel quantization: group_size = K)")
     groups = k // group_size
-    for name, t in (("scales", scales), ("zeros", zeros)):
+    for name, t in named[2:]:
         if t.dtype != torch.float32 or tuple(t.shape) != (n, groups):
             raise ValueError(f"{name} must be torch.float32 [N, K / group_size] = [{n}, {groups}], "
                              f"got {t.dtype} {tuple(t.shape)} (note: module.half() or "
@@ -218,12 +404,16 @@ def _check_args(x, qweight, scales, zeros, group_size) -> tuple[int, int, int]:
 
 
 def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                 zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+                 zeros: torch.Tensor | None, group_size: int, *,
+                 dequantize_first: bool | None = None) -> torch.Tensor:
     """``x @ Ŵᵀ`` with Ŵ ``[N, K]`` given in the packed 4-bit layout (see the module docstring).
 
     x ``[..., K]`` fp16 / bf16 / fp32 (CUDA; fp16 / fp32 on the interpreter); qweight uint8
-    ``[N, K / 2]``; scales, zeros fp32 ``[N, K / group_size]``; ``group_size`` divides K.
-    Returns ``[..., N]`` in x's dtype. Any strides are accepted.
+    ``[N, K / 2]``; scales fp32 ``[N, K / group_size]``; zeros fp32 like scales, or None for
+    a symmetric 4-bit weight (every zero point 8); ``group_size`` divides K. Returns
+    ``[..., N]`` in x's dtype. Any strides are accepted. ``dequantize_first``: None takes
+    the dequantize-then-``torch.matmul`` path from ``DEQUANT_MIN_M`` rows; True / False
+    forces it or the kernel (the GPU check times both).
     """
     n, k, _ = _check_args(x, qweight, scales, zeros, group_size)
     lead = x.shape[:-1]
@@ -232,16 +422,74 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out.reshape(*lead, n)
-
-    interp = interpreter_enabled()
-    block_k, aligned = _block_k(group_size, CPU_MAX_BLOCK_K if interp else MAX_BLOCK_K)
-    args = (x2, qweight, scales, zeros, out, m, n, k, group_size, _m_bucket(m),
-            *x2.stride(), *qweight.stride(), *scales.stride(), *zeros.stride(), *out.stride())
-    meta = dict(BLOCK_K=block_k, GROUP_ALIGNED=aligned, EVEN_K=k % block_k == 0)
-    if interp:
-        grid = (triton.cdiv(m, CPU_BLOCK_M), triton.cdiv(n, CPU_BLOCK_N))
-        _w4a16_kernel[grid](*args, BLOCK_M=CPU_BLOCK_M, BLOCK_N=CPU_BLOCK_N, **meta)
-    else:
-        grid = lambda c: (triton.cdiv(m, c["BLOCK_M"]), triton.cdiv(n, c["BLOCK_N"]))  # noqa: E731
-        _w4a16_tuned[grid](*args, **meta)
+    words, block_k = _as_words(qweight), _block_k(group_size)
+    if words is None or block_k is None:  # a layout the kernel does not take
+        return _plain(x2, qweight, scales, zeros).reshape(*lead, n)
+    qw32, row_align = words
+    if dequantize_first is None:
+        dequantize_first = m >= DEQUANT_MIN_M
+    if dequantize_first:
+        w = _dequantize(qw32, row_align, scales, zeros, group_size, block_k, n, k, x.dtype)
+        return torch.matmul(x2, w.T, out=out).reshape(*lead, n)  # compute-bound: cuBLAS
+    tunable, bucket = bucket_for(m, n, k, block_k, x.dtype)
+    block_m = 1 if m == 1 else 16
+    tunable.run(bucket, lambda cfg: _launch(x2, qw32, row_align, scales, zeros, out,
+                                            group_size, block_k, block_m, cfg), x.device)
     return out.reshape(*lead, n)
+
+
+def bucket_of_call(x: torch.Tensor, qweight: torch.Tensor, group_size: int):
+    """(Tunable, bucket) a ``w4a16_linear`` call on the kernel path uses (None if it takes
+    the plain path): the GPU check reports the pinned config of each row."""
+    block_k = _block_k(group_size)
+    if _as_words(qweight) is None or block_k is None:
+        return None
+    m = x.numel() // x.shape[-1]
+    return bucket_for(min(m, DEQUANT_MIN_M - 1), qweight.shape[0], x.shape[-1], block_k, x.dtype)
+
+
+def _launch(x2, qw32, row_align, scales, zeros, out, group_size, block_k, block_m, cfg):
+    """One launch of ``_w4a16_kernel`` with ``cfg`` (BLOCK_N, SPLIT_K, BLOCK_M for the GEMM
+    tunable, warps, stages). Rewrites all of ``out``: it may run several times (autotuning)."""
+    opts = tuning.launch_options(cfg)
+    block_m, split = opts.pop("BLOCK_M", block_m), opts.pop("SPLIT_K")
+    m, k = x2.shape
+    n = qw32.shape[0]
+    n_tiles, m_tiles = triton.cdiv(n, opts["BLOCK_N"]), triton.cdiv(m, block_m)
+    if n_tiles * m_tiles > COUNTER_SLOTS:
+        split = 1
+    k_per_split = triton.cdiv(k // block_k, split) * block_k
+    # The same pointer types whatever the split (one compiled program for every SPLIT_K,
+    # and no atomic on a 16-bit pointer, which sm_80 lacks): the int32 counters always,
+    # and with one split, which writes `out` directly, an fp32 view of them as partials.
+    counters = _tile_counters(x2.device)
+    if split > 1:
+        partials = torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
+        p_strides = partials.stride()[:2]
+    else:
+        partials, p_strides = counters.view(torch.float32), (0, 0)  # never touched
+    z, z_strides = (scales, (0, 0)) if zeros is None else (zeros, zeros.stride())
+    _w4a16_kernel[(n_tiles, m_tiles, split)](
+        x2, qw32, scales, z, out, partials, counters, m, n, k, group_size, k_per_split, split,
+        *x2.stride(), qw32.stride(0), *scales.stride(), *z_strides, *out.stride(), *p_strides,
+        BLOCK_M=block_m, BLOCK_K=block_k, HAS_ZEROS=zeros is not None, ROW_ALIGN=row_align,
+        **opts)
+
+
+def _dequantize(qw32, row_align, scales, zeros, group_size, block_k, n, k, dtype):
+    """Ŵ ``[N, K]`` in ``dtype`` by ``_dequantize_kernel`` (bit for bit ``dequantize_packed``)."""
+    w = torch.empty((n, k), dtype=dtype, device=qw32.device)
+    z, z_strides = (scales, (0, 0)) if zeros is None else (zeros, zeros.stride())
+    _dequantize_kernel[(triton.cdiv(n, DEQUANT_BLOCK_N), k // block_k)](
+        qw32, scales, z, w, n, group_size, qw32.stride(0), *scales.stride(), *z_strides,
+        w.stride(0), BLOCK_N=DEQUANT_BLOCK_N, BLOCK_K=block_k, HAS_ZEROS=zeros is not None,
+        ROW_ALIGN=row_align, num_warps=4)
+    return w
+
+
+def _plain(x2, qweight, scales, zeros):
+    """The plain path for layouts the kernel does not take: dequantize, then F.linear."""
+    from ..quant.packing import dequantize_packed
+
+    z = torch.full_like(scales, SYM_ZERO) if zeros is None else zeros
+    return F.linear(x2, dequantize_packed(qweight, scales, z, 4, x2.dtype))

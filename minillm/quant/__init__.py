@@ -26,7 +26,7 @@ from .evaluate import evaluate, evaluate_many, evaluation_windows
 from .gptq import gptq, hessian
 from .packing import dequantize_packed, pack, packed_bytes, unpack
 from .qlinear import QuantLinear
-from .quantize import METHODS, quantize_model, weight_bytes
+from .quantize import GPU_LAYOUT, METHODS, quantize_model, weight_bytes
 from .weights import QuantizedWeight, rtn
 from .io import load, save
 from .kv import dequantize_kv_int8, int8_kv_append, int8_kv_roundtrip, quantize_kv_int8
@@ -34,5 +34,5 @@ from .kv import dequantize_kv_int8, int8_kv_append, int8_kv_roundtrip, quantize_
 __all__ = ["QuantizedWeight", "rtn", "gptq", "hessian", "quantize_model", "QuantLinear",
            "calibration_windows", "evaluation_text", "evaluate", "evaluate_many", "evaluation_windows",
            "pack", "unpack", "dequantize_packed", "packed_bytes", "search_scale",
-           "clip_search", "weight_bytes", "save", "load", "METHODS",
+           "clip_search", "weight_bytes", "save", "load", "METHODS", "GPU_LAYOUT",
            "quantize_kv_int8", "dequantize_kv_int8", "int8_kv_roundtrip", "int8_kv_append"]

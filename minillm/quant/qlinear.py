@@ -8,7 +8,10 @@ It plugs into the model through the `Linear` seam: same call, same `in_features`
   batch): the C++ kernels of `cpu_kernels`, which read the packed bytes and never build the
   float matrix. This is where quantization makes decode faster: the step streams 1/8 (W4)
   or 1/4 (W8) of fp32's bytes.
-- CUDA with 4-bit storage: the Triton W4A16 kernel (`minillm.kernels.w4a16`).
+- CUDA with 4-bit storage: the Triton W4A16 kernel (`minillm.kernels.w4a16`): a split-K
+  GEMV at one row (decode), tiled above; a symmetric 4-bit weight passes no zeros (all 8),
+  so the kernel reads only the nibbles and the scales. No value of a CUDA tensor is read on
+  the host, so a CUDA graph can capture the decode step.
 - CPU, more rows (prefill, a large engine step: compute-bound): `cpu_kernels.dequantize`
   writes the float matrix in one pass, then a BLAS GEMM. The same bits as the reference,
   several times faster than its elementwise PyTorch version (`benchmarks/quant_linear.py`).
@@ -68,7 +71,8 @@ class QuantLinear(Linear):
                                             self.group_size, self.bits)
         if x.is_cuda and storage_bits(self.bits) == 4:
             from ..kernels.w4a16 import w4a16_linear
-            return w4a16_linear(x, self.qweight, self.scales, self.zeros, self.group_size)
+            zeros = None if self.sym and self.bits == 4 else self.zeros  # sym: every zero is 8
+            return w4a16_linear(x, self.qweight, self.scales, zeros, self.group_size)
         if (x.device.type == "cpu" and self.qweight.device.type == "cpu"
                 and not torch.compiler.is_compiling()  # Inductor fuses the reference's ops
                 and cpu_kernels.load_kernel() is not None):

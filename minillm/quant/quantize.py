@@ -33,6 +33,11 @@ from .qlinear import QuantLinear
 from .weights import check_bits_and_group, rtn
 
 METHODS = ("rtn", "gptq", "awq")
+# The 4-bit layout for the CUDA W4A16 kernel (BENCHMARKS.md, "Int4 layouts for the GPU";
+# benchmarks/quant_layouts.py measured the candidates): quantize_model(model, "rtn", 4,
+# **GPU_LAYOUT). quantize_model's own default stays g64 asymmetric (the CPU kernels', the
+# labs').
+GPU_LAYOUT = {"group_size": 64, "sym": False}
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 CHUNK = 8  # calibration windows per forward pass (bounds the activation memory)
 
