@@ -90,6 +90,9 @@ NO_GPU_LINE = ("gpu_check: no CUDA device (torch.cuda.is_available() is False), 
                "to exercise the script on CPU at tiny sizes")
 # The sections' time boxes sum to these (full: kernels 120 s, models 300 s; quick: 37 + 98).
 TOTAL_BUDGET_S = {"full": 420.0, "quick": 135.0, "dry": 600.0}
+# --autotune times every candidate of each new bucket (a compile of ~1 s each): its time
+# boxes are this many times the planned ones.
+AUTOTUNE_BUDGET_SCALE = 4.0
 GRACE_S = 15.0  # past its budget a section is interrupted (SIGALRM), not just told to stop
 
 
@@ -242,7 +245,8 @@ def run_section(s: Section, mode: str, device: torch.device, env: dict, options:
 
 def run_sections(sections: list[Section], mode: str, device: torch.device, env: dict,
                  options: dict | None = None, total_budget_s: float | None = None,
-                 grace_s: float = GRACE_S, on_progress=None) -> list[dict]:
+                 grace_s: float = GRACE_S, on_progress=None,
+                 budget_scale: float = 1.0) -> list[dict]:
     """Run each section in turn, isolated and time-boxed; return their report entries.
 
     A section is told its deadline (``Run.case`` skips what would start after it) and is
@@ -256,12 +260,14 @@ def run_sections(sections: list[Section], mode: str, device: torch.device, env: 
     complete and valid at every point. SIGTERM and SIGINT stop the run: the section in
     progress keeps its rows (status "timeout"), the rest are skipped, ``on_progress`` gets
     the final entries, and ``RunInterrupted`` is raised to the caller."""
-    end = time.monotonic() + (TOTAL_BUDGET_S[mode] if total_budget_s is None else total_budget_s)
+    total = TOTAL_BUDGET_S[mode] if total_budget_s is None else total_budget_s
+    end = time.monotonic() + total * budget_scale
     out: list[dict] = []
     handlers = {sig: signal.signal(sig, _interrupt) for sig in STOP_SIGNALS}
     try:
         for i, s in enumerate(sections):
-            budget = min(s.budget_s.get(mode, 0.0), max(0.0, end - time.monotonic()))
+            budget = min(s.budget_s.get(mode, 0.0) * budget_scale,
+                         max(0.0, end - time.monotonic()))
             if budget <= 0:
                 why = "not part of this mode" if mode not in s.budget_s else "no time left"
                 out.append(_skipped_entry(s, why))
@@ -410,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
                "decode_rows": args.decode_rows.split(",") if args.decode_rows else None,
                "backends": args.backends.split(",")}
     try:
-        entries = run_sections(sections, mode, device, env, options, on_progress=progress)
+        entries = run_sections(sections, mode, device, env, options, on_progress=progress,
+                               budget_scale=AUTOTUNE_BUDGET_SCALE if args.autotune else 1.0)
     except RunInterrupted as e:  # run_sections wrote what was measured
         print(f"\ninterrupted by {e.name}: wrote {out}", flush=True)
         return 128 + e.signum
