@@ -29,6 +29,8 @@ without capture, which is how the CPU tests check that it gives eager's tokens.
 from __future__ import annotations
 
 import warnings
+from collections import deque
+from typing import Iterator
 
 import torch
 
@@ -118,8 +120,13 @@ class DecodeGraph:
             model.check_compilable()
             cpu_linear.load_kernel()  # build it now: a build inside the trace breaks it
             self.step = torch.compile(self._step, dynamic=False)
+        self.next_ids = torch.zeros(batch_size, dtype=torch.long, device=device)
+        cuda = device.type == "cuda"
+        # Two pinned host slots for the greedy tokens: step t copies into slot t % 2 while
+        # the host still reads slot (t - 1) % 2 (see `greedy`).
+        self.host_ids = torch.zeros((2, batch_size), dtype=torch.long, pin_memory=cuda)
         self.graph, self.logits, self.num_replays = None, None, 0
-        if device.type == "cuda":
+        if cuda:
             self._capture(warmups=3 if compile else 1)
 
     def serves(self, model, num_tokens: int) -> bool:
@@ -130,17 +137,26 @@ class DecodeGraph:
         ctx = StaticCacheContext(self.backend, self.cache, self.rows, self.positions[:, 0])
         return self.model.run(self.input_ids, self.positions, ctx)  # no checks, no syncs
 
+    def _step_and_feed(self) -> torch.Tensor:
+        """The step, then its greedy token fed back on the device: the next step's input is
+        this step's argmax at the next position (what `greedy` replays back to back)."""
+        logits = self.step()
+        self.next_ids.copy_(logits[:, -1].argmax(-1))
+        self.input_ids.copy_(self.next_ids[:, None])
+        self.positions.add_(1)
+        return logits
+
     @torch.inference_mode()
     def _capture(self, warmups: int) -> None:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # compilation, autotuning, lazy init: not in capture
             for _ in range(warmups):
-                self.step()
+                self._step_and_feed()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.logits = self.step()
+            self.logits = self._step_and_feed()
         torch.cuda.synchronize()
 
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -165,8 +181,51 @@ class DecodeGraph:
         else:
             self.input_ids.copy_(torch.tensor(token_ids)[:, None])
         self.positions.fill_(position)
+        return self._replay()
+
+    def _replay(self) -> torch.Tensor:
         if self.graph is None:
-            return self.step()
+            return self._step_and_feed()
         self.graph.replay()
         self.num_replays += 1
         return self.logits
+
+    def greedy(self, token_id: int, position: int, count: int) -> Iterator[int]:
+        """Greedy decoding of row 0 from `token_id` at `position`: yields `count` tokens,
+        each the argmax of the step before, computed and fed back on the device.
+
+        Pipelined one step ahead: step t+1 is queued before the host reads step t's token
+        (copied into a pinned slot and waited for through an event, which does not wait
+        for step t+1), so the GPU never idles while Python handles a token. A consumer
+        that stops early (a stop token) leaves at most one extra step computed, at a
+        position the cache holds (never past `count` steps)."""
+        if not 0 <= position or position + count > self.capacity:
+            raise ValueError(f"{count} steps from position {position} do not fit this graph's "
+                             f"cache of {self.capacity} positions")
+        self.input_ids.fill_(token_id)
+        self.positions.fill_(position)
+        pending: deque = deque()  # (slot, event) of the queued steps, oldest first
+        queued = 0
+        while queued < min(2, count):
+            pending.append(self._queue(queued))
+            queued += 1
+        for _ in range(count):
+            slot, done = pending.popleft()
+            if done is not None:
+                done.synchronize()  # this step's copy only: the next step runs on
+            token = int(self.host_ids[slot, 0])
+            if queued < count:  # the slot is read: a later step may write it again
+                pending.append(self._queue(queued))
+                queued += 1
+            yield token
+
+    def _queue(self, t: int):
+        """Replay one step and queue the copy of its greedy tokens into host slot t % 2."""
+        self._replay()
+        slot = t % 2
+        self.host_ids[slot].copy_(self.next_ids, non_blocking=self.graph is not None)
+        if self.graph is None:
+            return slot, None
+        done = torch.cuda.Event()
+        done.record()
+        return slot, done

@@ -76,6 +76,18 @@ def generate_stream(model, prompt_ids, max_new_tokens: int, temperature: float =
     # compiled path may skip forward()'s checks.
     decode = model.compiled_run() if compile and not cuda_graph else model
     pos = len(prompt)
+    if cuda_graph and temperature == 0:
+        # Greedy through the graph: each step's argmax is fed back on the device and the
+        # host reads the tokens one step behind the GPU (`DecodeGraph.greedy`).
+        first = sample_next(logits[0, -1])
+        yield first
+        if first in stops or max_new_tokens == 1:
+            return
+        for token in graph.greedy(first, pos, max_new_tokens - 1):
+            yield token
+            if token in stops:
+                return
+        return
     for step in range(max_new_tokens):
         next_id = sample_next(logits[0, -1], temperature, top_k, top_p, generator)
         yield next_id

@@ -208,6 +208,25 @@ def test_generate_graph_step_matches_eager(model):
                 == minillm.generate(model, prompt, 30, cuda_graph=False, **seeded))
 
 
+def test_greedy_graph_decoding_stops_where_eager_stops(model):
+    """Greedy graph decoding reads its tokens one step behind the device (DecodeGraph.greedy):
+    a stop token mid-sequence, and 1 or 2 new tokens, end exactly where eager ends."""
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    full = minillm.generate(model, prompt, 30, ignore_eos=True, cuda_graph=False)
+    stop = full[12]
+    expected = full[:full.index(stop) + 1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert minillm.generate(model, prompt, 30, stop_token_ids=[stop], ignore_eos=True,
+                                cuda_graph=True) == expected
+        for n in (1, 2):
+            assert minillm.generate(model, prompt, n, ignore_eos=True, cuda_graph=True) == full[:n]
+        stream = minillm.generate_stream(model, prompt, 30, ignore_eos=True, cuda_graph=True)
+        assert [next(stream) for _ in range(5)] == full[:5]
+        stream.close()  # a consumer that leaves early: the next call starts clean
+        assert minillm.generate(model, prompt, 30, ignore_eos=True, cuda_graph=True) == full
+
+
 @pytest.mark.skipif(CUDA, reason="the CPU's message: on CUDA cuda_graph=True captures")
 def test_cuda_graph_on_a_cpu_warns_once_and_runs_uncaptured(model, monkeypatch):
     monkeypatch.setattr(decode_graph, "_WARNED", set())

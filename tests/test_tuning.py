@@ -204,3 +204,19 @@ def test_the_lookup_traces_under_torch_compile_without_a_graph_break(monkeypatch
     with pytest.raises(Exception, match="outside the kernel's bucket space"):
         torch.compile(lambda x: toy.run({"D": 256, "dt": 32}, lambda cfg: x),
                       fullgraph=True, backend="eager")(torch.ones(1))
+
+
+def test_configs_measured_by_an_earlier_run_are_used_first(compiled_branch, monkeypatch,
+                                                             tmp_path):
+    toy, fast, slow, _ = _toy("toy_loaded")
+    monkeypatch.setattr(tuning, "pinned_table", lambda arch: {"toy_loaded": {
+        "D=64,dt=16": tuning.config_to_dict(slow)}})
+    path = tmp_path / "gpu.tuned.json"
+    path.write_text(json.dumps({"source": "a test GPU", "measured": [
+        {"kernel": "toy_loaded", "arch": 90, "bucket": "D=64,dt=16", "us": 3.5,
+         **tuning.config_to_dict(fast)}]}))
+    assert tuning.load_measured(path) == 1
+    tuning.set_autotune(False)
+    launched = []
+    toy.run({"D": 64, "dt": 16}, launched.append)
+    assert [tuning.config_to_dict(c) for c in launched] == [tuning.config_to_dict(fast)]

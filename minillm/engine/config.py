@@ -39,7 +39,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # Scheduling: per step at most max_num_seqs sequences and max_num_batched_tokens tokens.
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
+    max_num_batched_tokens: int | None = None  # None: 512 on a CPU, 2048 on CUDA (LLMEngine)
     chunked_prefill: bool = True
     scheduling: str = "continuous"             # or "static": the baseline of Lab 05
     # Admission keeps this fraction of the pool free, so that a newly admitted prompt does
@@ -53,10 +53,11 @@ class EngineConfig:
     max_finished_metrics: int = 10_000         # RequestMetrics kept for finished requests
 
     def __post_init__(self):
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens",
-                     "max_finished_metrics", "max_cudagraph_capture_size"):
+        for name in ("block_size", "max_num_seqs", "max_finished_metrics",
+                     "max_cudagraph_capture_size"):
             _check_int(name, getattr(self, name))
-        for name in ("num_blocks", "kv_cache_memory_bytes", "max_model_len"):
+        for name in ("num_blocks", "kv_cache_memory_bytes", "max_model_len",
+                     "max_num_batched_tokens"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), " or None")
         for name in ("enable_prefix_caching", "chunked_prefill"):

@@ -19,11 +19,13 @@ default half the free GPU memory on CUDA, and on CPU a quarter of the available 
 at 2 GiB (this course's machines have a few GB to share). The pool is never made larger
 than max_num_seqs full-length sequences would need.
 
-`max_num_batched_tokens=512` (the default): on this CPU a 512-token step is already
-compute-bound (the weights are read once for 512 tokens, not once per token), and a long
-prompt then delays the running decodes by at most one such step (~0.5-1 s here) instead of
-its whole prefill. It is the chunk size the syllabus and vLLM's early chunked-prefill default
-use; on a GPU, 2048-8192 fits the faster matmuls better.
+`max_num_batched_tokens=None` (the default) resolves by device. 512 on a CPU: a 512-token
+step is already compute-bound there (the weights are read once for 512 tokens, not once per
+token), and a long prompt then delays the running decodes by at most one such step (~0.5-1
+s) instead of its whole prefill; it is the chunk size the syllabus and vLLM's early
+chunked-prefill default use. 2048 on CUDA: a prefill step of a small model is launch-bound
+there (hundreds of kernels whatever the token count), so fewer, larger chunks take less
+time; the running decodes wait for one step of a few milliseconds.
 
 `decode_path` picks how decode rows attend (see `minillm.attention.paged`): None chooses
 "kernel" (the C++ paged-decode kernel, K/V read in place) on a CPU where it builds, else
@@ -59,6 +61,7 @@ from .scheduler import Scheduler
 from .step import run_step
 
 DEFAULT_CPU_KV_BYTES = 2 << 30
+CPU_BATCHED_TOKENS, GPU_BATCHED_TOKENS = 512, 2048  # max_num_batched_tokens=None (above)
 
 
 def default_kv_budget_bytes(device: torch.device) -> int:
@@ -119,7 +122,10 @@ class LLMEngine:
                 PagedKVCache.num_blocks_for_budget(budget, cfg.num_layers, config.block_size,
                                                    cfg.num_kv_heads, cfg.head_dim, model.dtype),
                 config.max_num_seqs * -(-max_model_len // config.block_size))
-        return replace(config, max_model_len=max_model_len, num_blocks=num_blocks)
+        tokens = config.max_num_batched_tokens or (
+            GPU_BATCHED_TOKENS if model.device.type == "cuda" else CPU_BATCHED_TOKENS)
+        return replace(config, max_model_len=max_model_len, num_blocks=num_blocks,
+                       max_num_batched_tokens=tokens)
 
     def _resolve(self, config: EngineConfig) -> EngineConfig:
         """Decide how steps run, once: the decode path and whether decode steps use CUDA

@@ -60,6 +60,19 @@ _resolved: dict[tuple[str, str], "triton.Config | str"] = {}  # for torch.compil
 _autotune_override: bool | None = None
 
 
+def load_measured(path: str | Path) -> int:
+    """Use the configs a `gpu_check --autotune` run measured (its ``tuned`` JSON) in this
+    process, ahead of the pinned ones, without pinning them; returns how many. Read at
+    import from ``MINILLM_TUNED`` (paths separated by os.pathsep): the next process of one
+    GPU session uses what an earlier one measured."""
+    rows = json.loads(Path(path).read_text())["measured"]
+    for row in rows:
+        cfg = config_from_dict({k: v for k, v in row.items()
+                                if k not in ("kernel", "arch", "bucket")})
+        _measured[(row["kernel"], int(row["arch"]), row["bucket"])] = (cfg, float(row["us"]))
+    return len(rows)
+
+
 def autotune_enabled() -> bool:
     """True when new buckets are searched (`set_autotune`, else ``MINILLM_AUTOTUNE=1``)."""
     if _autotune_override is not None:
@@ -261,11 +274,14 @@ def register(tunable: Tunable) -> Tunable:
 def resolve_for_tracing(tunable: Tunable, arch: int) -> None:
     """Fill `_resolved` with every bucket's config on ``arch`` (or why it is unsupported)."""
     for bucket in tunable.buckets():
+        key = bucket_key(bucket)
         try:
-            found: triton.Config | str = tunable.pinned(bucket, arch)
+            found: triton.Config | str = (_measured[(tunable.name, arch, key)][0]
+                                          if (tunable.name, arch, key) in _measured
+                                          else tunable.pinned(bucket, arch))
         except ValueError as e:
             found = str(e)
-        _resolved[(tunable.name, bucket_key(bucket))] = found
+        _resolved[(tunable.name, key)] = found
 
 
 def tunables() -> dict[str, Tunable]:
@@ -317,3 +333,7 @@ def write_table(path: Path, data: dict) -> None:
     lines += [" }", "}"]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
+
+
+for _path in filter(None, os.environ.get("MINILLM_TUNED", "").split(os.pathsep)):
+    load_measured(_path)
