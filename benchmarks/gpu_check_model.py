@@ -359,44 +359,67 @@ def check_serving(run) -> None:
 # visible, so their slow real-model tests add nothing here. Fast ones first.
 # test_lab03's Triton tests run Lab 03's scaffold kernel (minillm.kernels.lab) with the
 # reference inner loop and the student-mistake loops through the check.
-TEST_FILES = [("tests/test_spec.py", "not slow", ""), ("tests/test_triton_backend.py", "", ""),
-              ("tests/test_cuda_graph.py", "not slow", ""),
-              ("tests/test_lab03.py", "", "triton or lab_kernel"),
-              ("tests/test_w4a16.py", "", ""), ("tests/test_kernels.py", "", "")]
+TEST_FILES = [("tests/test_spec.py", "not slow", ""), ("tests/test_cuda_graph.py", "not slow", ""),
+              ("tests/test_w4a16.py", "", ""), ("tests/test_triton_backend.py", "", ""),
+              ("tests/test_kernels.py", "", ""), ("tests/test_tuning.py", "not slow", ""),
+              ("tests/test_lab03.py", "", "triton or lab_kernel")]
 
 
-def pytest_file(run, path: str, marks: str, select: str = "") -> dict:
+PYTEST_PARALLEL = 4  # test files at once on CUDA: their first Triton compiles overlap
+
+
+def start_pytest(path: str, marks: str, select: str = "") -> tuple[subprocess.Popen, list]:
+    """Start one test file's pytest process; (process, its command)."""
     marks = " and ".join(m for m in ("not browser", marks) if m)
     cmd = [sys.executable, "-m", "pytest", path, "-q", "-p", "no:cacheprovider", "-m", marks]
     cmd += ["-k", select] if select else []
     # The project first, then what the caller had (an offline run's unpacked wheels).
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    t0 = time.monotonic()
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True), cmd
+
+
+def pytest_row(run, proc: subprocess.Popen, path: str, marks: str, select: str,
+               t0: float) -> dict:
+    """Wait for a started file (within the time box) and summarise it as a row."""
     try:
-        res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=max(10.0, run.time_left()))
+        out, _ = proc.communicate(timeout=max(1.0, run.time_left()))
     except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
         run.skipped.append(f"{path}: cut by the time box after {time.monotonic() - t0:.0f} s")
         return {"file": path, "marks": marks, "k": select, "ok": None, "outcome": "time box"}
     counts = {k: 0 for k in ("passed", "failed", "skipped", "error")}
-    for num, what in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", res.stdout[-3000:]):
+    for num, what in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", out[-3000:]):
         counts[what.rstrip("s") if what.startswith("error") else what] += int(num)
-    if res.returncode not in (0, 5):  # 5: nothing collected
-        print(res.stdout[-4000:], res.stderr[-2000:], file=sys.stderr)
+    if proc.returncode not in (0, 5):  # 5: nothing collected
+        print(out[-6000:], file=sys.stderr)
     return {"file": path, "marks": marks, "k": select, **counts,
-            "seconds": time.monotonic() - t0,
-            "ok": res.returncode in (0, 5)}
+            "seconds": time.monotonic() - t0, "ok": proc.returncode in (0, 5)}
 
 
 def check_pytest(run) -> None:
     dist = sorted(os.path.relpath(p, ROOT) for p in glob.glob(str(ROOT / "tests/test_dist*.py"))
                   if not os.path.basename(p).startswith("test_distill"))  # that one is spec
-    files = (TEST_FILES[:1] + [(p, "" if run.cuda else "not slow", "") for p in dist]
-             + (TEST_FILES[1:] if run.cuda else []))
-    for path, marks, select in files:
-        run.case(path, lambda: pytest_file(run, path, marks, select))
-    run.notes.append("one pytest process per file, -m 'not browser' (and 'not slow' for "
+    files = ((TEST_FILES[1:] if run.cuda else []) + TEST_FILES[:1]  # the CUDA paths first
+             + [(p, "" if run.cuda else "not slow", "") for p in dist])
+    # PYTEST_PARALLEL files at a time, rows in the list's order (most telling first).
+    queue, running = list(files), []
+    while queue or running:
+        while queue and len(running) < (PYTEST_PARALLEL if run.cuda else 1) \
+                and run.time_left() > 0:
+            path, marks, select = queue.pop(0)
+            running.append((start_pytest(path, marks, select)[0], path, marks, select,
+                            time.monotonic()))
+        if not running:
+            run.skipped += [f"{p} (time box)" for p, _, _ in queue]
+            break
+        proc, path, marks, select, t0 = running.pop(0)
+        run.case(path, lambda: pytest_row(run, proc, path, marks, select, t0))
+    run.notes.append(f"one pytest process per file, {PYTEST_PARALLEL if run.cuda else 1} at a "
+                     "time, "
+                     "-m 'not browser' (and 'not slow' for "
                      "test_spec.py); the kernel tests switch to CUDA, fp16 and bf16 when it "
                      "is visible" + ("" if run.cuda else "; on CPU they run in `make test`"))
     if not dist:
