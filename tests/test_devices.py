@@ -114,7 +114,7 @@ def test_lab_header_returns_the_pair_and_reports_run_times(capsys, tmp_path):
     assert (dev, dt) == (devices.default_device(), devices.default_dtype())
     assert out[0].startswith("Lab 01: device: cpu") and out[1].startswith("Measured run time")
     table = tmp_path / "t.json"
-    table.write_text('{"99-x": {"cpu": {"seconds": 150, "quick_seconds": 40, '
+    table.write_text('{"99-x": {"CPU": {"seconds": 150, "quick_seconds": 40, '
                      '"device_name": "Some CPU, 2 threads", "date": "2026-01-01"}}}')
     line = runtime_line("99-x", "cpu", table)
     assert "on a CPU (Some CPU, 2 threads, 2026-01-01): 2.5 min in full, 40 s with MINILLM_QUICK=1" in line
@@ -129,7 +129,7 @@ def test_every_lab_has_a_measured_cpu_run_time():
     table = json.loads(RUNTIMES.read_text())
     labs = sorted(p.stem for p in (ROOT / "solutions").glob("[0-9][0-9]-*.ipynb"))
     for lab in labs:
-        rec = table.get(lab, {}).get("cpu")
+        rec = table.get(lab, {}).get("CPU")
         assert rec and rec.get("seconds") and rec["seconds"] <= 300, \
             f"{lab}: no measured CPU run time (at most 5 minutes) in {RUNTIMES.name}"
 

@@ -9,7 +9,7 @@ from ``default_dtype`` unless the lab needs another (Lab 02's exact oracle keeps
 Every later cell takes its device from here: no cell of a lab names one.
 
 Run times live in ``lab_runtimes.json`` beside this module, per lab and per kind of device
-("cpu", "cuda"): seconds of a full run and of a ``MINILLM_QUICK=1`` run, where, when and
+("CPU", "GPU"): seconds of a full run and of a ``MINILLM_QUICK=1`` run, where, when and
 how they were measured. A kind never measured is reported as such, never guessed;
 ``benchmarks/gpu_check.py --sections labs`` measures the GPU's.
 """
@@ -25,7 +25,7 @@ from minillm import devices
 __all__ = ["lab_header", "runtime_line", "RUNTIMES"]
 
 RUNTIMES = Path(__file__).with_name("lab_runtimes.json")
-_KIND_NAMES = {"cpu": "a CPU", "cuda": "a GPU"}
+_KINDS = ("CPU", "GPU")
 
 
 def _minutes(seconds: float) -> str:
@@ -34,14 +34,14 @@ def _minutes(seconds: float) -> str:
 
 def runtime_line(lab: str, device=None, path: Path | str = RUNTIMES) -> str:
     """One line: the lab's measured run time on ``device``'s kind first, then on the others."""
-    kind = devices.resolve_device(device).type
+    kind = "GPU" if devices.is_cuda(device) else "CPU"
     try:
         table = json.loads(Path(path).read_text(encoding="utf-8")).get(lab, {})
     except (OSError, ValueError):
         table = {}
     parts = []
-    for k in [kind] + [k for k in _KIND_NAMES if k != kind]:
-        where = _KIND_NAMES.get(k, k)
+    for k in [kind] + [k for k in _KINDS if k != kind]:
+        where = f"a {k}"
         rec = table.get(k)
         if not rec:
             parts.append(f"on {where}: not yet measured")
