@@ -28,6 +28,13 @@ def one_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 
 
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """A machine without CUDA, and no MINILLM_DEVICE: the same answers on any test host."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv(devices.DEVICE_ENV, raising=False)
+
+
 def test_default_is_cpu_without_cuda_and_cuda_with_it(monkeypatch, one_gpu):
     monkeypatch.delenv(devices.DEVICE_ENV, raising=False)
     assert devices.default_device() == torch.device("cuda", 0)
@@ -74,7 +81,7 @@ def test_a_gpu_this_machine_lacks_is_refused(monkeypatch, one_gpu):
 
 
 @pytest.mark.parametrize("text", ["gpu", "cuda:x", "cpu:0:1", "tpu", ""])
-def test_garbage_is_refused(monkeypatch, text):
+def test_garbage_is_refused(monkeypatch, no_gpu, text):
     if text:
         monkeypatch.setenv(devices.DEVICE_ENV, text)
         with pytest.raises(devices.DeviceError, match="not a device of this machine"):
@@ -89,8 +96,7 @@ def test_a_bad_value_does_not_break_import_time_setup(monkeypatch):
     assert devices.cuda_requested() in (True, False)  # answers, does not raise
 
 
-def test_describe_names_device_dtype_and_why(monkeypatch):
-    monkeypatch.delenv(devices.DEVICE_ENV, raising=False)
+def test_describe_names_device_dtype_and_why(monkeypatch, no_gpu):
     line = devices.describe(dtype=torch.float32)
     assert line.startswith("device: cpu (") and "dtype float32" in line
     assert "no CUDA GPU is visible" in line
@@ -105,7 +111,7 @@ def test_same_device_and_dtype_names():
     assert devices.default_dtype("cuda") == torch.bfloat16  # asked, not resolved: no GPU needed
 
 
-def test_lab_header_returns_the_pair_and_reports_run_times(capsys, tmp_path):
+def test_lab_header_returns_the_pair_and_reports_run_times(no_gpu, capsys, tmp_path):
     import widgets
     from widgets.lab_header import runtime_line
 

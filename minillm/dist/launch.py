@@ -37,7 +37,7 @@ import torch.distributed as tdist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
-from ..devices import default_device
+from ..devices import cuda_requested
 
 LOOPBACK = "127.0.0.1"
 _PEER_GONE = "Connection closed by peer"  # gloo's error when another rank has exited
@@ -45,11 +45,11 @@ _GRACE_S = 2.0
 
 
 def default_backend(world_size: int = 1) -> str:
-    """NCCL when the course runs on CUDA (``minillm.devices.default_device()``) and every
+    """NCCL when the course runs on CUDA (``minillm.devices.cuda_requested()``) and every
     rank can have a GPU of its own, else gloo (the CPU path), so that one GPU with TP = 3
     still runs, over gloo on the CPU, instead of failing; ``MINILLM_DEVICE=cpu`` keeps every
     rank on the CPU."""
-    if default_device().type == "cuda" and torch.cuda.device_count() >= world_size:
+    if cuda_requested() and torch.cuda.device_count() >= world_size:
         return "nccl"
     return "gloo"
 

@@ -41,6 +41,7 @@ before it is timed or counted; CUDA-graph variants run only on CUDA (a CPU has n
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import time
 from typing import Sequence
@@ -113,6 +114,9 @@ def _counts(events, cuda: bool) -> tuple[int, int, int]:
 def count_step_ops(model, prompt_ids: Sequence[int], steps: int = 8, **generate_options) -> StepCounts:
     """The profiler's launches and kernels per decode step of ``generate(model, prompt_ids,
     ..., **generate_options)``, the prefill cancelled. Warm the variant up first."""
+    # Kineto (the profiler's engine) prints a line to stderr at every start and stop unless
+    # told otherwise before its first use; its own log level 6 keeps a lab's output clean.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     from torch.profiler import ProfilerActivity, profile
 
     from ..generate import generate
