@@ -27,6 +27,10 @@ run; each has a time box, and what it had no time for is listed as skipped):
     pytest            gpu_check_model: the test files of the kernels (Lab 03's scaffold kernel
                       included), speculative decoding and tensor parallelism, with the CUDA
                       device visible (not in --quick)
+    labs              gpu_check_labs: every solution notebook under nbval on the device,
+                      MINILLM_QUICK=1, one process and a 5-minute box each; pass/fail and
+                      seconds per lab. Only when asked (--sections labs, or --labs 01,05):
+                      not in --quick, nor in a plain full run (its budget is its own)
 
 Time: the full run fits in 8 minutes on one GPU, models included (TOTAL_BUDGET_S for the
 sections, plus about 20 s of start-up and at most GRACE_S past the last time box);
@@ -355,6 +359,10 @@ def main(argv: list[str] | None = None) -> int:
                     "compiled, w4 eager, w4 CUDA graph); default: all")
     ap.add_argument("--backends", default="triton,torch",
                     help="attention backends of the decode section's rows (default: both)")
+    ap.add_argument("--labs", help="the labs section's notebooks, e.g. 01,05 or 'all' (this "
+                    "also adds the section; default with --sections labs: all)")
+    ap.add_argument("--lab-timeout", type=float, default=None,
+                    help="seconds per lab in the labs section (default 300)")
     ap.add_argument("--random-weights", action="store_true",
                     help="model sections on SmolLM2's shapes with random weights (no GGUF "
                     "needed; speeds and graph-vs-eager checks hold, quality rows mean nothing)")
@@ -378,9 +386,18 @@ def main(argv: list[str] | None = None) -> int:
     # `__main__`, and must not be imported a second time under its own name.
     sys.modules.setdefault("gpu_check", sys.modules[__name__])
     import gpu_check_kernels
+    import gpu_check_labs
     import gpu_check_model
 
-    sections = gpu_check_kernels.SECTIONS + gpu_check_model.SECTIONS
+    labs = None if args.labs in (None, "all") else args.labs.split(",")
+    lab_box = args.lab_timeout or gpu_check_labs.LAB_BOX_S
+    try:
+        labs_section = gpu_check_labs.section(labs, lab_box)
+    except ValueError as e:
+        ap.error(str(e))
+    sections = gpu_check_kernels.SECTIONS + gpu_check_model.SECTIONS + [labs_section]
+    if not args.sections and args.labs is None:  # the labs run only when asked
+        sections = sections[:-1]
     if args.sections:
         wanted = args.sections.split(",")
         unknown = sorted(set(wanted) - {s.name for s in sections})
@@ -414,9 +431,13 @@ def main(argv: list[str] | None = None) -> int:
                  args.markdown)
     options = {"compile": not args.no_compile, "random_weights": args.random_weights,
                "decode_rows": args.decode_rows.split(",") if args.decode_rows else None,
-               "backends": args.backends.split(",")}
+               "backends": args.backends.split(","), "labs": labs, "lab_timeout_s": lab_box}
+    # The labs section brings its own budget on top of the other sections'.
+    total = TOTAL_BUDGET_S[mode] + (labs_section.budget_s.get(mode, 0.0)
+                                    if labs_section in sections else 0.0)
     try:
-        entries = run_sections(sections, mode, device, env, options, on_progress=progress,
+        entries = run_sections(sections, mode, device, env, options, total_budget_s=total,
+                               on_progress=progress,
                                budget_scale=AUTOTUNE_BUDGET_SCALE if args.autotune else 1.0)
     except RunInterrupted as e:  # run_sections wrote what was measured
         print(f"\ninterrupted by {e.name}: wrote {out}", flush=True)

@@ -362,6 +362,10 @@ def check_serving(run) -> None:
 TEST_FILES = [("tests/test_spec.py", "not slow", ""), ("tests/test_cuda_graph.py", "not slow", ""),
               ("tests/test_w4a16.py", "", ""), ("tests/test_triton_backend.py", "", ""),
               ("tests/test_kernels.py", "", ""), ("tests/test_tuning.py", "not slow", ""),
+              # one device per process (issue 28): the launch wall's CUDA counts, the
+              # defaults on a GPU, MINILLM_DEVICE=cpu keeping every lab's code off the GPU
+              ("tests/test_launch_wall.py", "", ""), ("tests/test_devices.py", "", ""),
+              ("tests/test_device_plumbing.py", "not slow", ""),
               ("tests/test_lab03.py", "", "triton or lab_kernel")]
 
 

@@ -3,9 +3,12 @@ import os as _os
 
 import torch as _torch
 
-# Triton kernels run through its interpreter on machines without a GPU. The variable must
-# be set before anything imports triton (transformers and torch._dynamo do), so set it here.
-if not _torch.cuda.is_available():
+from .devices import cuda_requested as _cuda_requested
+
+# Triton kernels run through its interpreter where the course does not run on CUDA (no GPU,
+# or MINILLM_DEVICE=cpu). The variable must be set before anything imports triton
+# (transformers and torch._dynamo do), so set it here.
+if not _cuda_requested():
     _os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from .config import ModelConfig

@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true",
                      help="wrap the prompt in the model's chat template")
     gen.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    gen.add_argument("--device", type=_device, default=None,
+                     help="cpu, cuda or cuda:N (default: MINILLM_DEVICE, else CUDA when a GPU "
+                          "is visible, else cpu)")
     gen.add_argument("--backend", choices=["torch", "triton"], default="torch")
     gen.add_argument("--compile", action="store_true",
                      help="run decode steps through torch.compile (the first one compiles)")
@@ -80,6 +83,17 @@ def _rates(text):
     return [_positive_float("--sweep rate")(r) for r in text.split(",") if r.strip()]
 
 
+def _device(text):
+    """--device: a device of this machine, spelled as given; one line naming the devices
+    available otherwise (argparse exits 2 with it)."""
+    from .devices import DeviceError, parse_device
+    try:
+        parse_device(text, "--device")
+    except DeviceError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text.strip().lower()
+
+
 def _add_serve_parsers(sub) -> None:
     from .serve.config import ServeConfig
     d = ServeConfig()
@@ -101,6 +115,11 @@ def _add_serve_parsers(sub) -> None:
     srv.add_argument("--default-max-tokens", type=_positive_int, default=d.default_max_tokens)
     srv.add_argument("--max-n", type=_positive_int, default=d.max_n)
     srv.add_argument("--retry-after", type=_positive_int, default=d.retry_after_s)
+    srv.add_argument("--device", type=_device, default=None,
+                     help="cpu, cuda or cuda:N (default: MINILLM_DEVICE, else CUDA when a GPU "
+                          "is visible, else cpu)")
+    srv.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                     help="default: bfloat16 on CUDA, float32 on a CPU")
     srv.add_argument("--log-level", default="info",
                      choices=["critical", "error", "warning", "info", "debug"])
     lg = sub.add_parser("loadgen", help="Poisson load against a local server; latency percentiles")
@@ -127,7 +146,7 @@ def cmd_serve(args) -> int:
                          max_num_batched_tokens=args.max_num_batched_tokens,
                          drain_timeout_s=args.drain_timeout, health_timeout_s=args.health_timeout,
                          default_max_tokens=args.default_max_tokens, max_n=args.max_n,
-                         retry_after_s=args.retry_after)
+                         retry_after_s=args.retry_after, device=args.device, dtype=args.dtype)
     return serve(config, log_level=args.log_level)
 
 
@@ -152,7 +171,7 @@ def cmd_loadgen(args) -> int:
 
 def _dtype(name, device):
     import torch
-    from .perf import default_dtype
+    from .devices import default_dtype
     return getattr(torch, name) if name else default_dtype(device)
 
 
@@ -161,8 +180,8 @@ def cmd_generate(args) -> int:
     if args.tp > 1 or "WORLD_SIZE" in os.environ:
         return cmd_generate_tp(args)
     from . import generate_stream, load_model
-    from .perf import default_device
-    device = default_device()
+    from .devices import resolve_device
+    device = resolve_device(args.device)
     model, tok = load_model(dtype=_dtype(args.dtype, device), device=device,
                             attn_backend=args.backend)
     tokens = generate_stream(model, _prompt_ids(args, tok), args.max_new_tokens,

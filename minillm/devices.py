@@ -1,27 +1,137 @@
 """Which device and dtype the course runs on, and what to call the device.
 
-CUDA if a GPU is visible, else CPU; bf16 on CUDA, fp32 elsewhere. ``minillm.perf``
-re-exports these names, and keys its cached measurements by ``device_name``.
+One device per process, from one place: ``default_device()``. It is CUDA when a GPU is
+visible, else the CPU, and the environment variable ``MINILLM_DEVICE`` (``cpu``, ``cuda``
+or ``cuda:N``) overrides it. Every function of the package that takes a device takes
+``device=None`` and resolves it here (``resolve_device``), so a notebook, a widget and a
+measurement cannot disagree about where they run. The dtype follows the device: bf16 on
+CUDA, fp32 elsewhere (``default_dtype``).
+
+Invariants:
+- A device that this machine does not have (``MINILLM_DEVICE=cuda`` without CUDA,
+  ``cuda:7`` on a one-GPU machine, a misspelling) is refused with one ``DeviceError`` line
+  that names the devices available; nothing falls back silently.
+- ``cuda_requested()`` answers without raising: it is what import-time set-up (Triton's
+  CPU interpreter, ``minillm/__init__.py``) consults before any device is resolved.
+
+``minillm.perf`` re-exports the device and dtype names, and keys its cached measurements by
+``device_name``.
 """
 
 from __future__ import annotations
 
+import os
 import platform
+import re
 import subprocess
 
 import torch
 
+DEVICE_ENV = "MINILLM_DEVICE"
+_DEVICE_TEXT = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
+
+
+class DeviceError(ValueError):
+    """A device that this machine does not have, or a name that is not a device."""
+
+
+def available_devices() -> list[str]:
+    """The devices this process can use, by name: ``cpu`` and one ``cuda:N`` per visible GPU."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return ["cpu"] + [f"cuda:{i}" for i in range(count)]
+
+
+def _refuse(what: str, text) -> DeviceError:
+    names = ", ".join(available_devices())
+    return DeviceError(f"{what}={text!r} is not a device of this machine: the devices "
+                       f"available are {names}; use one of them (cpu, cuda or cuda:N), or "
+                       f"unset it to take the default")
+
+
+def parse_device(text, what: str = "device") -> torch.device:
+    """``text`` (``cpu``, ``cuda``, ``cuda:N`` or a ``torch.device``) as a device of this
+    machine; ``DeviceError`` (one line, naming the devices available) otherwise.
+    ``what`` names the setting in the message (e.g. ``MINILLM_DEVICE``, ``--device``)."""
+    if isinstance(text, torch.device):
+        dev = text
+    else:
+        m = _DEVICE_TEXT.match(str(text).strip().lower())
+        if not m:
+            raise _refuse(what, text)
+        dev = torch.device(m.group(1), int(m.group(2)) if m.group(2) is not None else None)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count():
+            raise _refuse(what, text)
+    elif dev.type != "cpu" and dev.type != "mps":
+        raise _refuse(what, text)
+    return dev
+
+
+def _env_device_text() -> str | None:
+    text = os.environ.get(DEVICE_ENV, "").strip()
+    return text or None
+
+
+def cuda_requested() -> bool:
+    """Will the course run on CUDA? A GPU is visible and ``MINILLM_DEVICE`` does not say
+    otherwise. Never raises (a bad ``MINILLM_DEVICE`` is reported when a device is resolved)."""
+    text = _env_device_text()
+    if text is not None and not text.lower().startswith("cuda"):
+        return False
+    return torch.cuda.is_available()
+
 
 def default_device() -> torch.device:
-    """CUDA if a GPU is visible, else CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """The process's device: ``MINILLM_DEVICE`` if set, else CUDA if a GPU is visible, else
+    the CPU. CUDA comes with its index (the current device unless one is named)."""
+    text = _env_device_text()
+    if text is not None:
+        return _with_index(parse_device(text, DEVICE_ENV))
+    return _with_index(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def _resolve(device) -> torch.device:
-    dev = default_device() if device is None else torch.device(device)
+def _with_index(dev: torch.device) -> torch.device:
     if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev
+
+
+def resolve_device(device=None) -> torch.device:
+    """``device`` (None: ``default_device()``) as a device of this machine, CUDA with its
+    index; ``DeviceError`` when this machine does not have it."""
+    dev = default_device() if device is None else parse_device(device)
+    return _with_index(dev)
+
+
+_resolve = resolve_device  # the name the package's modules import
+
+
+def _kind(device) -> str:
+    """The device type ("cpu", "cuda", ...) of ``device``, None for the default one. A device
+    named explicitly is not checked against this machine: what dtype CUDA would use is a
+    question a CPU-only machine may ask."""
+    return default_device().type if device is None else torch.device(device).type
+
+
+def is_cuda(device=None) -> bool:
+    """Is ``device`` (None: the default) a CUDA device? For code that must not spell one."""
+    return resolve_device(device).type == "cuda"
+
+
+def same_device(a, b) -> bool:
+    """Do ``a`` and ``b`` (devices or their names) name the same device? ``cuda`` and
+    ``cuda:0`` do when device 0 is current; nothing is checked against this machine."""
+    da, db = torch.device(a), torch.device(b)
+    return da.type == db.type and (da.index or 0) == (db.index or 0)
+
+
+def synchronize(device=None) -> None:
+    """Wait for the work queued on ``device`` (a no-op on the CPU)."""
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    elif dev.type == "mps":
+        torch.mps.synchronize()
 
 
 def default_dtype(device=None) -> torch.dtype:
@@ -33,7 +143,25 @@ def default_dtype(device=None) -> torch.dtype:
     slower), so fp32 is the safe default there. (Batch-1 decode in bf16 can still win on a
     CPU, because it is memory-bound and reads half the bytes: a roofline lesson.)
     """
-    return torch.bfloat16 if _resolve(device).type == "cuda" else torch.float32
+    return torch.bfloat16 if _kind(device) == "cuda" else torch.float32
+
+
+def describe(device=None, dtype=None) -> str:
+    """One line for a lab's first cell: the device (how it was chosen, and its name), and
+    the dtype the lab's model runs in (None: ``default_dtype``)."""
+    dev = resolve_device(device)
+    dt = default_dtype(dev) if dtype is None else dtype
+    if device is not None:
+        why = "chosen by the lab"
+    elif _env_device_text() is not None:
+        why = f"{DEVICE_ENV}={_env_device_text()}"
+    elif dev.type == "cuda":
+        why = "a CUDA GPU is visible"
+    else:
+        why = f"no CUDA GPU is visible; set {DEVICE_ENV} to choose"
+    threads = f", {torch.get_num_threads()} threads" if dev.type == "cpu" else ""
+    return (f"device: {dev} ({device_name(dev)}{threads}; {why}), dtype "
+            f"{_dtype_key(dt)}, torch {torch.__version__}")
 
 
 def _cpuinfo_field(keys: tuple[str, ...], cpuinfo: str = "/proc/cpuinfo") -> str | None:
@@ -73,14 +201,33 @@ def decode_dtype(device=None) -> torch.dtype:
     weight once per token, so bf16 weights halve the step's bytes. Where bf16 is native,
     prefill's bf16 GEMMs are fast too; elsewhere they are emulated and crawl, so fp32 stays.
     What ``load_model(dtype="auto")`` picks; ``benchmarks/decode.py`` measures both."""
-    dev = _resolve(device)
-    if dev.type == "cuda" or (dev.type == "cpu" and cpu_native_bf16()):
+    kind = _kind(device)
+    if kind == "cuda" or (kind == "cpu" and cpu_native_bf16()):
         return torch.bfloat16
     return torch.float32
 
 
 def _dtype_key(dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+dtype_name = _dtype_key  # torch.bfloat16 -> "bfloat16"
+
+
+def bf16_note(device=None) -> str:
+    """One line: how ``device`` (None: the default) does bf16 arithmetic, the fact a lab's
+    fp32-against-bf16 comparison turns on."""
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        major, _ = torch.cuda.get_device_capability(dev)
+        if major >= 8:
+            return f"bf16 on {dev}: native, on tensor cores (compute capability {major}.x)"
+        return f"bf16 on {dev}: no bf16 tensor cores before compute capability 8.0 (this is {major}.x)"
+    if dev.type == "cpu":
+        if cpu_native_bf16():
+            return "bf16 on this CPU: native (avx512_bf16, AMX or Arm bf16 in its flags)"
+        return "bf16 on this CPU: not native; kernels widen every bf16 number to fp32"
+    return f"bf16 on {dev}: unknown"
 
 
 def device_name(device=None) -> str:

@@ -16,6 +16,8 @@ Where the numbers come from:
   2-3x between clouds and over time. A100-80GB is set to the $2.50/h the course's cost
   example uses. The M2 Max is not rented by the hour: its figure is a laptop's purchase
   price spread over three years of continuous use.
+- CPU VMs (``instance_prices``, ``price_of_device``): ``DOLLARS_PER_VCPU_HOUR`` per vCPU,
+  also indicative; ``price_of_device`` prices the device a lab runs on, for Lab 10.
 """
 
 from __future__ import annotations
@@ -94,3 +96,55 @@ class UnknownHardwareError(KeyError, ValueError):
 
     def __str__(self) -> str:  # KeyError would otherwise show the message in quotes
         return str(self.args[0])
+
+
+# --------------------------------------------------------------------------- renting a device
+
+#: INDICATIVE on-demand price of one CPU core's worth of a cloud VM (one vCPU, with its
+#: share of memory), USD per hour: general-purpose VMs of the large clouds run about
+#: $0.04-0.06 per vCPU-hour. A 2-vCPU VM is then $0.10/h.
+DOLLARS_PER_VCPU_HOUR = 0.05
+
+
+def instance_prices(vcpus: tuple[int, ...] = (2, 8, 32)) -> list[tuple[str, float]]:
+    """(instance, indicative $/h) to rent by the hour: CPU VMs of ``vcpus`` vCPUs, then one
+    of each catalog GPU (its ``price_per_hour``; the M2 Max, bought not rented, left out)."""
+    rows = [(f"CPU VM, {n} vCPUs", n * DOLLARS_PER_VCPU_HOUR) for n in vcpus]
+    rows += [(f"1 × {hw.name}", hw.price_per_hour) for hw in CATALOG.values()
+             if hw.name != "M2-Max"]
+    return rows
+
+
+def catalog_name_of(gpu_name: str) -> str | None:
+    """The catalog entry a GPU's own name (``torch.cuda.get_device_name``) is, e.g.
+    "NVIDIA H100 80GB HBM3" -> "H100-SXM"; None when none matches."""
+    n = gpu_name.upper().replace(" ", "").replace("-", "")
+    if "A100" in n:
+        return "A100-80GB" if "80GB" in n else "A100-40GB"
+    for key, entry in (("H200", "H200"), ("H100", "H100-SXM"), ("L40S", "L40S"),
+                       ("4090", "RTX-4090"), ("A10", "A10")):
+        if key in n:
+            return entry
+    return None
+
+
+def price_of_device(device=None, vcpus: int | None = None) -> tuple[str, float | None]:
+    """(what it is, indicative $/h) for renting ``device`` (None: the default device): a
+    catalog GPU's price (a GPU not in the catalog gets the catalog's median GPU price, and
+    the label says so), else a CPU VM of ``vcpus`` vCPUs (None: this process's torch
+    threads) at ``DOLLARS_PER_VCPU_HOUR``."""
+    import torch
+
+    from .devices import device_name, resolve_device
+
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        name = device_name(dev)
+        key = catalog_name_of(name)
+        if key is None:  # priced like the catalog's middle GPU, and said so
+            prices = sorted(p for _, p in instance_prices(()))
+            return (f"{name} (not in the catalog: priced at the catalog's median GPU)",
+                    prices[len(prices) // 2])
+        return f"1 × {key} ({name})", CATALOG[key].price_per_hour
+    n = vcpus or torch.get_num_threads()
+    return f"a CPU VM of {n} vCPUs", n * DOLLARS_PER_VCPU_HOUR

@@ -67,6 +67,10 @@ class KVCache:
 
     def __init__(self, config: ModelConfig, batch_size: int, max_seq_len: int,
                  dtype: torch.dtype = torch.float32, device=None):
+        """Buffers on ``device`` (None: ``minillm.devices.default_device()``)."""
+        from .devices import resolve_device
+
+        device = resolve_device(device)
         if max_seq_len > config.max_position_embeddings:
             raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's context length "
                              f"{config.max_position_embeddings}")

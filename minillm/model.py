@@ -151,6 +151,20 @@ class LlamaModel(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
 
+    def deep_copy(self) -> "LlamaModel":
+        """A deep copy of the weights and settings, on the same device, without this model's
+        compiled step or captured CUDA graphs (``_decode_graphs``): those belong to the
+        original's tensors and cannot be copied (a copy compiles or captures its own)."""
+        import copy
+
+        memo = {id(self._compiled_run): None}
+        graphs = self.__dict__.get("_decode_graphs")
+        if graphs is not None:
+            memo[id(graphs)] = {}
+        new = copy.deepcopy(self, memo=memo)
+        new._compiled_run = None
+        return new
+
     def set_attn_backend(self, name_or_backend) -> "LlamaModel":
         self.attn_backend = get_backend(name_or_backend)
         self._compiled_run = None  # compiled against the old backend
@@ -288,25 +302,31 @@ class LlamaModel(nn.Module):
         return self._compiled_run
 
 
-def load_model(dtype: torch.dtype | str = torch.float32, device=None, attn_backend="torch"):
+def load_model(dtype: torch.dtype | str | None = None, device=None, attn_backend="torch"):
     """Load SmolLM2-135M-Instruct from the installed GGUF: returns (model, tokenizer).
 
-    Weights are dequantized to `dtype` at load. fp32 is the CPU default: it is exact against
-    the reference and fast on every CPU. `dtype="auto"` picks `devices.decode_dtype(device)`:
-    bf16 on CUDA and on CPUs with native bf16 (avx512_bf16 or AMX), where it halves the bytes
-    a decode step reads; fp32 on the others, whose emulated bf16 GEMMs make prefill crawl (a
-    Lab 01 lesson). A bf16 model agrees with fp32 on most greedy tokens, not all:
-    `tests/test_bf16.py` compares them by top-1 agreement and KL.
+    ``device``: None for ``devices.default_device()`` (CUDA when a GPU is visible, else the
+    CPU; ``MINILLM_DEVICE`` overrides), or "cpu", "cuda", "cuda:1", ...
+    ``dtype``: None for ``devices.default_dtype(device)``: bf16 on CUDA, fp32 on a CPU, where
+    it is exact against the reference and fast on every CPU. ``"auto"`` picks
+    ``devices.decode_dtype(device)``: bf16 on CUDA and on CPUs with native bf16 (avx512_bf16
+    or AMX), where it halves the bytes a decode step reads; fp32 on the others, whose
+    emulated bf16 GEMMs make prefill crawl (a Lab 01 lesson). Weights are dequantized to
+    ``dtype`` at load. A bf16 model agrees with fp32 on most greedy tokens, not all:
+    ``tests/test_bf16.py`` compares them by top-1 agreement and KL.
     """
-    from .devices import decode_dtype
+    from .devices import decode_dtype, default_dtype, resolve_device
     from .gguf_loader import load_gguf
     from .tokenizer import MiniTokenizer
 
-    if isinstance(dtype, str) and dtype == "auto":
+    device = resolve_device(device)
+    if dtype is None:
+        dtype = default_dtype(device)
+    elif isinstance(dtype, str) and dtype == "auto":
         dtype = decode_dtype(device)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating torch.dtype such as torch.float32, or "
-                         f"'auto', got {dtype!r}")
+        raise ValueError(f"dtype must be a floating torch.dtype such as torch.float32, None "
+                         f"(the device's default) or 'auto', got {dtype!r}")
     config, state, reader = load_gguf()
     tokenizer = MiniTokenizer.from_gguf_reader(reader)
     with torch.device("meta"):
@@ -321,7 +341,7 @@ def load_model(dtype: torch.dtype | str = torch.float32, device=None, attn_backe
     model.tie_weights()  # assign=True gave embed_tokens a new Parameter
     cos, sin = rope_cos_sin(config.head_dim, config.max_position_embeddings, config.rope_theta)
     model.rope_cos, model.rope_sin = cos, sin
-    model = model.to(device=device or "cpu", dtype=dtype)
+    model = model.to(device=device, dtype=dtype)
     if model.device.type == "cpu":
         model.use_matvec_layout()
     # RoPE tables stay fp32 whatever the weights are.

@@ -17,8 +17,10 @@ from browser_utils import _chromium, jupyter_lab, lab  # noqa: E402,F401
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # inherited by notebook kernels
-if not torch.cuda.is_available():  # before transformers imports triton (see minillm.kernels)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from minillm.devices import cuda_requested  # noqa: E402  (torch only: imports no triton)
+
+if not cuda_requested():  # before transformers imports triton (see minillm.kernels); also
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # with MINILLM_DEVICE=cpu on a GPU machine
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 

@@ -401,3 +401,72 @@ def test_a_run_cut_by_a_signal_leaves_a_valid_report_of_its_first_section(tmp_pa
     assert second["status"] in ("timeout", "skipped")  # cut in it, or before it
     assert signal.Signals(signum).name in json.dumps(second)
     assert md.read_text().startswith("CPU dry run") and "had not finished" in md.read_text()
+
+
+# ----------------------------------------------------------------------------- labs
+
+
+def _notebook(path: Path, *cells: str) -> Path:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def test_the_labs_section_is_never_in_quick_and_budgets_a_box_per_lab():
+    import gpu_check_labs
+
+    s = gpu_check_labs.section(["01", "05"], 300.0)
+    assert s.name == "labs" and "quick" not in s.budget_s
+    assert s.budget_s["full"] == 2 * 300 + 30
+    assert [p.stem for p in gpu_check_labs.notebooks(["05", "01-roofline"])] == [
+        "05-continuous-batching", "01-roofline"]
+    assert len(gpu_check_labs.notebooks()) == len(list((ROOT / "solutions").glob("[0-9][0-9]-*.ipynb")))
+    with pytest.raises(ValueError, match="no solution notebook '42'"):
+        gpu_check_labs.notebooks(["42"])
+
+
+@pytest.mark.slow
+def test_labs_section_dry_run_reports_pass_fail_and_seconds(tmp_path):
+    """Through the command line, as the lead runs it on a GPU: one notebook that keeps to its
+    device, one that fails; the report has a row each, with seconds and the failing line."""
+    good = _notebook(tmp_path / "good.ipynb", "import widgets\nDEVICE, DTYPE = widgets.lab_header('04-paged-attention')",
+                     "import os\nassert DEVICE.type == 'cpu' and os.environ['MINILLM_QUICK'] == '1'")
+    bad = _notebook(tmp_path / "bad.ipynb", "raise ValueError('this lab broke on the device')")
+    out = tmp_path / "labs.json"
+    res = _script("--cpu-dry-run", "--sections", "labs", "--labs", f"{good},{bad}", "--out", str(out))
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]  # a lab failed
+    report = json.loads(out.read_text())
+    validate_report(report)
+    (labs,) = report["sections"]
+    assert labs["name"] == "labs" and labs["status"] == "failed"
+    rows = {r["lab"]: r for r in labs["rows"]}
+    assert rows["good"]["ok"] is True and rows["good"]["cells_passed"] == 2
+    assert rows["good"]["seconds"] > 0 and rows["good"]["device"] == "cpu"
+    assert rows["bad"]["ok"] is False and "this lab broke on the device" in rows["bad"]["error"]
+    assert "2 labs run on cpu" in labs["notes"][0] or "of 2 labs run on cpu" in labs["notes"][0]
+
+
+@pytest.mark.slow
+def test_a_lab_past_its_box_is_a_failed_row_and_leaves_no_kernel(tmp_path):
+    import gpu_check_labs
+
+    slow = _notebook(tmp_path / "slow.ipynb",
+                     "import os, time\nopen(os.environ['PIDFILE'], 'w').write(str(os.getpid()))\ntime.sleep(120)")
+    pidfile = tmp_path / "kernel.pid"
+    row = gpu_check_labs.run_lab(slow, "cpu", 20.0, {"PIDFILE": str(pidfile)})
+    assert row["ok"] is False and row["outcome"].startswith("time box")
+    assert row["seconds"] < 40
+    if pidfile.exists():  # the kernel got as far as the cell: it must be gone now
+        pid = int(pidfile.read_text())
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the notebook's kernel (pid {pid}) outlived its time box")

@@ -265,11 +265,19 @@ def test_textbook_slips_get_useful_feedback():
 
 
 def test_measured_questions_read_this_machines_values():
-    bw = {"bandwidth_GBps": 20.6}                         # ceiling 20.6e9 / 538.3e6 = 38.3 tok/s
+    bw = {"bandwidth_GBps": 20.6, "dtype_bytes": 4}       # ceiling 20.6e9 / 538.3e6 = 38.3 tok/s
     assert answer("lab01.q9", "38.3 tok/s", measured_values=bw).correct
     assert not answer("lab01.q9", "76.6 tok/s", measured_values=bw).correct   # bf16 bytes
     assert not answer("lab01.q9", "20.6", measured_values=bw).correct         # the bandwidth itself
     assert answer("lab01.q9", "30", measured_values={}).status == "invalid"   # not measured yet
+    gpu = {"bandwidth_GBps": 3000.0, "dtype_bytes": 2}   # an H100 in bf16: 3e12 / 269e6
+    assert answer("lab01.q9", "11150 tok/s", measured_values=gpu).correct
+    assert not answer("lab01.q9", "5575 tok/s", measured_values=gpu).correct  # fp32 bytes on a GPU
+    launch = {"launches_per_step": 1223, "launch_us": 3.2}  # 1,223 × 3.2 µs = 3.91 ms
+    assert answer("lab01.q13", "3.9 ms", measured_values=launch).correct
+    assert answer("lab01.q13", "0.0039 s", measured_values=launch).correct
+    assert not answer("lab01.q13", "3.9 us", measured_values=launch).correct  # one launch, not the step
+    assert not answer("lab01.q13", "1.2 ms", measured_values=launch).correct
     both = {**bw, "decode_tok_s": 20.4}                  # 20.4 / 38.3 = 53% of the ceiling
     assert answer("lab01.q12", "53%", measured_values=both).correct
     assert answer("lab01.q12", "60", measured_values=both).correct            # within 20%

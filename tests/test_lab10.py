@@ -333,8 +333,8 @@ def test_bank_numbers_are_the_books():
 
 def test_measured_cost_question_predicts_within_20_percent():
     q = load_bank("lab10").questions["q1"]
-    assert q.needs == ("smollm_tok_s",) and q.rtol <= 0.2
-    m = {"smollm_tok_s": 40.0}
+    assert q.needs == ("smollm_tok_s", "dollars_per_hour") and q.rtol <= 0.2
+    m = {"smollm_tok_s": 40.0, "dollars_per_hour": 0.10}
     right = calc.cost_per_million_tokens(0.10, 40.0)
     assert answer("lab10.q1", f"${right * 1.15:.4f}", m).correct
     assert not answer("lab10.q1", f"${right * 1.3:.4f}", m).correct

@@ -12,6 +12,9 @@ Each widget module has three layers, so the numbers can be tested without a disp
   ``ipywidgets.Output`` on every change. ``view.controls[name].value = ...`` drives it;
   ``view.data`` / ``view.figure`` hold the latest result.
 
+Every lab starts with ``DEVICE, DTYPE = widgets.lab_header("NN-topic")``: the one device
+(``minillm.devices.default_device()``) and dtype the lab runs on, and its measured run time.
+
 Lab 01 (measure once, plot many)::
 
     from minillm import load_model, measure, perf
@@ -28,7 +31,8 @@ from . import (attention_variants, batching, block_pool_grid, cost, kv_growth, m
 from ._hardware import THIS_MACHINE
 from ._models import MODEL_PRESETS, ModelSpec
 from ._view import figure_image
+from .lab_header import lab_header
 
 __all__ = ["roofline", "memory_wall", "kv_growth", "attention_variants", "batching",
            "block_pool_grid", "speculation", "quantization", "parallelism", "serving_sim", "cost", "MODEL_PRESETS", "THIS_MACHINE",
-           "ModelSpec", "figure_image"]
+           "ModelSpec", "figure_image", "lab_header"]

@@ -12,7 +12,8 @@ import dataclasses
 
 from minillm import hardware
 
-__all__ = ["THIS_MACHINE", "Limits", "machine_limits", "gpu_limits", "resolve_limits", "measured_footnote"]
+__all__ = ["THIS_MACHINE", "Limits", "machine_limits", "gpu_limits", "resolve_limits", "measured_footnote",
+           "check_same_device"]
 
 THIS_MACHINE = "this machine (measured)"
 
@@ -74,6 +75,14 @@ def resolve_limits(hw, dtype: str, profile=None) -> Limits:
                              "profile=minillm.perf.measure_machine().")
         return machine_limits(profile, dtype)
     return gpu_limits(hw, dtype)
+
+
+def check_same_device(profile, measurements) -> None:
+    """A roof and the points under it must come from one device: ``ValueError`` when a
+    measurement ran on another device than the ``MachineProfile`` was measured on."""
+    from minillm.measure.results import check_same_device as check
+
+    check(profile, measurements)
 
 
 def measured_footnote(profile) -> str:

@@ -35,13 +35,14 @@ def load_memory_benchmark(path=None) -> tuple[list[dict], dict]:
     return rows, report.get("hardware", {})
 
 
-def measure_memory_row(t: int) -> dict:
+def measure_memory_row(t: int, device=None) -> dict:
     """One table row measured here: naive and tiled attention at sequence length ``t``
-    (SmolLM2's heads, fp32, causal), each in a fresh process; a few seconds each."""
+    (SmolLM2's heads, fp32, causal) on ``device`` (None: the default device), each in a
+    fresh process on a CPU, by the allocator's peak on CUDA; a few seconds each."""
     from minillm.measure import attention_peak_growth
 
-    return dict(t=t, naive_extra_peak_bytes=attention_peak_growth("naive_attention", t),
-                tiled_extra_peak_bytes=attention_peak_growth("tiled_attention", t),
+    return dict(t=t, naive_extra_peak_bytes=attention_peak_growth("naive_attention", t, device=device),
+                tiled_extra_peak_bytes=attention_peak_growth("tiled_attention", t, device=device),
                 score_matrix_bytes=9 * t * t * 4)
 
 

@@ -13,14 +13,16 @@ what differs between the variants is per layer, so the comparison is the full mo
 minus one constant, the cost of its 113 MB fp32 LM head. The K/V cache is filled with a constant
 (no prefill of thousands of tokens: the step reads the same bytes either way), and one
 decode step, ``model(ids[B, 1], positions, ctx)`` exactly as ``minillm.generate`` runs it,
-is timed with ``minillm.perf.time_fn`` (median). fp32 on CPU.
+is timed with ``minillm.perf.time_fn`` (median). The models run on ``device`` in ``dtype``
+(None: ``minillm.devices.default_device()`` and its default dtype, fp32 on a CPU and bf16 on
+CUDA), and the bytes a step reads are counted in that dtype.
 
     data = attention_variants_data(context_len=4096, batch=4)     # pure: numbers only
     view()                                                        # slider + dropdown
 
 Also for this lab, re-exported here from ``attention_memory``: ``measure_memory_row`` measures
-naive-vs-tiled peak memory on this machine (fresh process per call, growth of peak RSS during
-one call); ``load_memory_benchmark`` reads the rows ``benchmarks/attention.py`` committed to
+naive-vs-tiled peak memory on this machine (on a CPU a fresh process per call and the growth
+of its peak RSS; on CUDA the allocator's peak); ``load_memory_benchmark`` reads the rows ``benchmarks/attention.py`` committed to
 ``benchmarks/results/attention.json``; ``format_memory_table`` prints either.
 
 Pure function: ``attention_variants_data``; figure: ``draw_attention_variants``; view:
@@ -62,12 +64,18 @@ def variant_config(variant: str, base: ModelConfig | None = None, num_layers: in
 
 
 def build_models(base: ModelConfig | None = None, num_layers: int = 4, vocab_size: int = 1024,
-                 max_context: int = max(CONTEXT_LENS), seed: int = 0) -> dict:
-    """One random-weight ``LlamaModel`` per variant (fp32, eval, no grad), keyed by name."""
+                 max_context: int = max(CONTEXT_LENS), seed: int = 0, device=None,
+                 dtype=None) -> dict:
+    """One random-weight ``LlamaModel`` per variant (eval, no grad), keyed by name, on
+    ``device`` in ``dtype`` (None: the default device and its default dtype)."""
+    from minillm.devices import default_dtype, resolve_device
     from minillm.model import LlamaModel
 
+    dev = resolve_device(device)
+    dt = default_dtype(dev) if dtype is None else dtype
     return {v: LlamaModel(variant_config(v, base, num_layers, vocab_size, max_context))
-            .init_random_weights(seed).eval().requires_grad_(False) for v in VARIANTS}
+            .init_random_weights(seed).eval().requires_grad_(False).to(dev, dt)
+            for v in VARIANTS}
 
 
 @torch.inference_mode()
@@ -105,8 +113,8 @@ class VariantTiming:
     reduction: int                    # num_heads / num_kv_heads: how much smaller than MHA
     kv_bytes_per_token: float         # the full model, in kv_dtype
     kv_bytes_per_seq: float           # the full model at context_len, in kv_dtype
-    step_kv_bytes: float              # K/V the measured step reads (num_layers, fp32, batch rows)
-    step_weight_bytes: float          # weights the measured step reads (fp32)
+    step_kv_bytes: float              # K/V the measured step reads (num_layers, model dtype, batch rows)
+    step_weight_bytes: float          # weights the measured step reads (model dtype)
     step_s: float | None              # measured median; None when not measured
     achieved_bytes_per_s: float | None
 
@@ -127,6 +135,7 @@ class AttentionVariantsData:
     variants: dict                    # name -> VariantTiming, in VARIANTS order
     title: str
     summary: list = dataclasses.field(default_factory=list)
+    step_dtype: str = "float32"       # the measured models' dtype (their step bytes count it)
 
 
 def attention_variants_data(context_len: int = 4096, batch: int = 4, *, base: ModelConfig | None = None,
@@ -147,12 +156,16 @@ def attention_variants_data(context_len: int = 4096, batch: int = 4, *, base: Mo
     kv_db = dtype_bytes(kv_dtype)
     if measure and models is None:
         models = build_models(base, num_layers, vocab_size, max(context_len, max(CONTEXT_LENS)))
+    # the bytes the measured step reads: in the models' dtype (fp32 when nothing is measured)
+    step_dtype = next(iter(models.values())).dtype if measure else torch.float32
+    step_db = torch.empty((), dtype=step_dtype).element_size()
+    step_name = str(step_dtype).removeprefix("torch.")
     rows = {}
     for v in VARIANTS:
         hkv = kv_heads_for(base, v)
         cfg = variant_config(v, base, num_layers, vocab_size)
-        step_kv = calc.kv_cache_bytes(num_layers, hkv, base.head_dim, context_len + 1, 4, batch)
-        step_w = calc.weight_bytes(cfg.num_params(), 4)
+        step_kv = calc.kv_cache_bytes(num_layers, hkv, base.head_dim, context_len + 1, step_db, batch)
+        step_w = calc.weight_bytes(cfg.num_params(), step_db)
         seconds = None
         if measure:
             model = models[v]
@@ -180,7 +193,7 @@ def attention_variants_data(context_len: int = 4096, batch: int = 4, *, base: Mo
     if measure:
         summary.append(
             f"Measured decode step here ({num_layers} of {base.num_layers} layers, vocab {vocab_size}, "
-            f"fp32, batch {batch}, context {context_len:,}): "
+            f"{step_name}, batch {batch}, context {context_len:,}): "
             + ", ".join(f"{r.name} {fmt_time(r.step_s)}" for r in rows.values())
             + "; bytes read " + " / ".join(fmt_bytes(r.step_bytes) for r in rows.values())
             + " (" + " / ".join(f"{r.achieved_bytes_per_s / 1e9:.1f} GB/s" for r in rows.values()) + ").")
@@ -193,12 +206,13 @@ def attention_variants_data(context_len: int = 4096, batch: int = 4, *, base: Mo
             f"MHA ÷ MQA: time {mha.step_s / mqa.step_s:.2f}×, bytes read {mha.step_bytes / mqa.step_bytes:.2f}×. "
             "A decode step must read every weight and the whole KV cache; the fewer KV heads, the "
             "fewer bytes, the shorter the step. The time shrinks less than the bytes: fixed per-step "
-            "costs remain, and a CPU attention kernel with one query per row runs far below the "
-            "machine's bandwidth.")
+            "costs remain (on a GPU, the launch of every kernel of the step: Lab 01's launch "
+            "wall), and an attention kernel with one query per row runs below the machine's "
+            "bandwidth.")
     title = (f"MHA / GQA / MQA, {base.name} shapes: context {context_len:,}, batch {batch}"
              + (f" (measured with {num_layers} layers)" if measure else ""))
     return AttentionVariantsData(base.name, context_len, batch, num_layers, base.num_layers,
-                                 vocab_size, kv_dtype, rows, title, summary)
+                                 vocab_size, kv_dtype, rows, title, summary, step_name)
 
 
 def draw_attention_variants(data: AttentionVariantsData, fig=None):
@@ -240,7 +254,7 @@ def draw_attention_variants(data: AttentionVariantsData, fig=None):
         ax2.set_ylim(0, max(ms + predicted) * 1.45)
         ax2.set_ylabel("measured decode step (ms)")
         ax2.set_title(f"Measured here: {data.num_layers} layers, batch {data.batch}, "
-                      f"context {data.context_len:,}, fp32", fontsize=10)
+                      f"context {data.context_len:,}, {data.step_dtype}", fontsize=10)
         ax2.legend(fontsize=8, loc="upper right")
         ax2.grid(True, axis="y", alpha=0.3)
     fig.suptitle(data.title, fontsize=11)
@@ -257,12 +271,13 @@ class AttentionVariantsView(FigureView):
     def __init__(self, context_len: int = 4096, batch: int = 4, *, base: ModelConfig | None = None,
                  num_layers: int = 4, vocab_size: int = 1024, context_lens=CONTEXT_LENS,
                  batch_sizes=BATCH_SIZES, repeats: int = 5, models: dict | None = None,
-                 bandwidth_bytes_per_s: float | None = None):
+                 bandwidth_bytes_per_s: float | None = None, device=None, dtype=None):
         import ipywidgets as w
 
         self.base, self.num_layers, self.vocab_size, self.repeats = base, num_layers, vocab_size, repeats
         self.bandwidth = bandwidth_bytes_per_s
-        self.models = models or build_models(base, num_layers, vocab_size, max(context_lens))
+        self.models = models or build_models(base, num_layers, vocab_size, max(context_lens),
+                                             device=device, dtype=dtype)
         controls = {
             "context_len": w.SelectionSlider(options=list(context_lens), value=context_len,
                                              description="context (tokens)"),

@@ -28,7 +28,7 @@ import torch
 
 __all__ = ["Deployment", "RunResult", "Capstone", "capstone_requests", "WEIGHTS"]
 
-WEIGHTS = ("fp32", "int8", "int4")
+WEIGHTS = ("fp32", "bf16", "int8", "int4")
 _BITS = {"int8": 8, "int4": 4}
 QUICK = os.environ.get("MINILLM_QUICK") == "1"
 
@@ -37,7 +37,7 @@ QUICK = os.environ.get("MINILLM_QUICK") == "1"
 class Deployment:
     """One way to serve SmolLM2. Defaults are the engine's (``EngineConfig``) in fp32."""
 
-    weights: str = "fp32"              # "fp32", "int8" or "int4" (RTN, groups of 64)
+    weights: str = "fp32"              # "fp32", "bf16", "int8" or "int4" (RTN, groups of 64)
     spec_k: int = 0                    # draft tokens per pass; 0: no speculation
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
@@ -108,10 +108,18 @@ class Capstone:
 
     # weights and quality ---------------------------------------------------------
     def weights(self, name: str):
+        """The model in weight format ``name``: the fp32 model itself, a bf16 copy, or an RTN
+        copy (groups of 64), on the same device."""
         if name not in self._models:
-            from minillm import quant
+            if name == "bf16":
+                m = self.model.deep_copy().to(torch.bfloat16)
+                m.rope_cos, m.rope_sin = self.model.rope_cos, self.model.rope_sin  # fp32 tables
+                self._models[name] = m
+            else:
+                from minillm import quant
 
-            self._models[name] = quant.quantize_model(self.model, "rtn", _BITS[name], 64, progress=False)
+                self._models[name] = quant.quantize_model(self.model, "rtn", _BITS[name], 64,
+                                                          progress=False)
         return self._models[name]
 
     def kl(self, name: str) -> float:

@@ -27,7 +27,7 @@ import numpy as np
 from minillm import calc, hardware
 
 from ._format import fmt_bandwidth, fmt_bytes, fmt_flops, fmt_params, fmt_time
-from ._hardware import THIS_MACHINE, measured_footnote, resolve_limits
+from ._hardware import THIS_MACHINE, check_same_device, measured_footnote, resolve_limits
 from ._models import MODEL_PRESETS, display_name, dtype_bytes, model_spec
 from ._view import COLORS, FigureView, new_figure
 
@@ -105,6 +105,7 @@ def memory_wall_data(model="SmolLM2-135M", dtype: str = "fp32", context_len: int
     notes, same = [], False
     decodes = sorted((op for op in (measured or []) if op.kind == "decode"), key=lambda o: o.batch)
     if decodes and hardware_name == THIS_MACHINE:
+        check_same_device(profile, decodes)
         d0 = decodes[0].details
         mb = np.array([op.batch for op in decodes])
         ms = np.array([op.seconds for op in decodes])
@@ -221,12 +222,14 @@ class MemoryWallView(FigureView):
     css = "minillm-memory-wall"
 
     def __init__(self, profile=None, measured: Sequence | None = None, model: str = "SmolLM2-135M",
-                 dtype: str = "fp32", context_len: int = 128, hardware_name: str | None = None,
+                 dtype: str | None = None, context_len: int = 128, hardware_name: str | None = None,
                  batch: int = 1):
         import ipywidgets as w
 
         self.profile = profile
         self.measured = list(measured or [])
+        if dtype is None:  # the dtype the measured points ran in (fp32 when there are none)
+            dtype = _SAME.get(self.measured[0].dtype, "fp32") if self.measured else "fp32"
         hw_options = ([THIS_MACHINE] if profile is not None else []) + list(hardware.CATALOG)
         if hardware_name is None:
             hardware_name = hw_options[0]

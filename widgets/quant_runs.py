@@ -98,10 +98,13 @@ def decode_tok_s(model, ids, new_tokens: int = 32, repeats: int = 3) -> float:
 
 
 def _fingerprint(model) -> str:
+    """The cache key of a model: its weights and dtype, and its device unless it is the CPU
+    (a speed measured on one device must not be served on another; CPU keys predate that)."""
     w = model.embed_tokens.weight
     layer = model.layers[0].attn.qkv_proj.weight
     check = float(w[:8].detach().double().sum() + layer[:8].detach().double().sum())
-    return f"{model.config.name}-{str(w.dtype).split('.')[-1]}-{check:.6e}"
+    where = "" if w.is_cpu else f"-{w.device.type}"
+    return f"{model.config.name}-{str(w.dtype).split('.')[-1]}-{check:.6e}{where}"
 
 
 class QuantRuns:
@@ -320,7 +323,7 @@ def activation_maxima(model, ids) -> dict:
                 out[name].append(x.float().cpu())
             hooks.append(getattr(parent, attr).register_forward_pre_hook(hook))
     try:
-        ids = torch.as_tensor(ids)
+        ids = torch.as_tensor(ids, device=model.device)
         model(ids[None] if ids.dim() == 1 else ids)
     finally:
         for h in hooks:
@@ -344,7 +347,7 @@ def projection_input(model, ids, layer: int, name: str) -> torch.Tensor:
 
     handle = getattr(parent, attr).register_forward_pre_hook(hook)
     try:
-        ids = torch.as_tensor(ids)
+        ids = torch.as_tensor(ids, device=model.device)
         model(ids[None] if ids.dim() == 1 else ids)
     except _Stop:
         pass

@@ -25,7 +25,7 @@ import numpy as np
 from minillm import calc, hardware
 
 from ._format import fmt_bandwidth, fmt_flops
-from ._hardware import Limits, gpu_limits, machine_limits, measured_footnote
+from ._hardware import Limits, check_same_device, gpu_limits, machine_limits, measured_footnote
 from ._models import display_name
 from ._view import COLORS, FigureView, new_figure
 
@@ -132,6 +132,7 @@ def roofline_data(profile, measurements: Sequence, hardware_name: str | None = N
     ``highlight_batch``: a measured decode batch size to single out.
     """
     ops = list(measurements)
+    check_same_device(profile, ops)
     dtype = ops[0].dtype if ops else "float32"
     mlim = machine_limits(profile, dtype)
 

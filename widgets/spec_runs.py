@@ -27,7 +27,7 @@ import time
 import numpy as np
 import torch
 
-from minillm import KVCache, LLMEngine, SamplingParams, calc, generate
+from minillm import KVCache, LLMEngine, SamplingParams, calc, devices, generate
 from minillm.spec import speculative_generate
 from minillm.spec.drafts import cached_logits
 
@@ -38,8 +38,7 @@ __all__ = ["TracedDraft", "PassRecord", "PositionStats", "SpecTrace", "trace_spe
 
 def _clock(model) -> float:
     """time.perf_counter(), after the model's device has finished its queued work."""
-    if model.device.type == "cuda":
-        torch.cuda.synchronize(model.device)
+    devices.synchronize(model.device)
     return time.perf_counter()
 
 

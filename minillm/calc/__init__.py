@@ -17,7 +17,8 @@ Conventions (the invariants of this package):
 One module per topic; every name is re-exported here, so ``calc.kv_cache_bytes(...)`` works:
 
     memory.py        KV-cache bytes, weight bytes, sequences that fit in memory
-    speed.py         decode tokens/s on the roofline, prefill/decode FLOPs, intensity
+    speed.py         decode tokens/s on the roofline, prefill/decode FLOPs, intensity,
+                     the launch floor of a step
     attention.py     MHA / GQA / MQA, the score matrix, decode attention's intensity,
                      sliding-window KV and RoPE scaling
     batching.py      static batch waste, continuous batching's ideal throughput
@@ -58,8 +59,8 @@ from .serving import (e2e_latency_s, kv_fragmentation, kv_transfer_time_s, littl
 from .speculative import (spec_acceptance_probability, spec_expected_tokens,
                           spec_expected_tokens_naive, spec_optimal_k, spec_speedup)
 from .speed import (batched_decode_tokens_per_s, decode_flops, decode_step_time_s,
-                    decode_tokens_per_s, matmul_intensity, matvec_intensity, prefill_flops,
-                    ridge_point, roofline_flops)
+                    decode_tokens_per_s, launch_floor_s, matmul_intensity, matvec_intensity,
+                    prefill_flops, ridge_point, roofline_flops, step_floor_s)
 
 __all__ = [
     "KB", "MB", "GB", "TB", "GiB", "DTYPE_BYTES", "HOURS_PER_MONTH",
@@ -67,7 +68,7 @@ __all__ = [
     "max_concurrent_sequences",
     "decode_tokens_per_s", "decode_step_time_s", "batched_decode_tokens_per_s",
     "prefill_flops", "decode_flops", "matvec_intensity", "matmul_intensity", "ridge_point",
-    "roofline_flops",
+    "roofline_flops", "launch_floor_s", "step_floor_s",
     "gqa_reduction", "attention_kind", "attention_matrix_bytes", "attention_intensity",
     "sliding_window_kv_tokens", "rope_max_wavelength", "rope_ntk_theta",
     "static_batch_wasted_steps", "static_batch_utilization", "static_batch_throughput",

@@ -16,7 +16,7 @@ The formulas these are checked against live in `minillm.calc.parallel`.
 """
 from .comm import CommLedger, CommRecord, use_ledger
 from .generate import StepTrace, tp_generate_stream
-from .launch import free_port, init_from_env, launch, rank_device
+from .launch import free_port, init_from_env, launch, rank_device, ranks_device
 from .layers import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear,
                      VocabParallelEmbedding)
 from .pipeline import (PipelineEvent, PPRun, gpipe_forward, keep_stage, run_pipeline,
@@ -26,7 +26,7 @@ from .sharding import (TPInfo, check_tp_size, kv_heads_per_rank, kv_replicas, pa
 from .tp_run import TPRun, run_tp, run_tp_many
 
 __all__ = [
-    "launch", "init_from_env", "free_port", "rank_device",
+    "launch", "init_from_env", "free_port", "rank_device", "ranks_device",
     "CommLedger", "CommRecord", "use_ledger",
     "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "ParallelLMHead",
     "valid_tp_sizes", "check_tp_size", "kv_heads_per_rank", "kv_replicas", "rank_heads",

@@ -7,7 +7,8 @@ joins them into one process group over 127.0.0.1 on a free port, calls
 
 Invariants:
 - Only the loopback address is ever used (MASTER_ADDR, the TCP store and gloo's sockets).
-- The backend follows the devices: NCCL when CUDA shows a GPU for every rank, else gloo
+- The backend follows the devices: NCCL when the course runs on CUDA
+  (`minillm.devices.default_device()`) and CUDA shows a GPU for every rank, else gloo
   (the CPU path; one GPU with TP = 3 runs there rather than failing).
 - Each rank runs `threads_per_rank` torch/OpenMP threads (default: the cores divided among
   the ranks, at least 1), so N ranks do not fight over the same cores.
@@ -36,17 +37,29 @@ import torch.distributed as tdist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
+from ..devices import cuda_requested
+
 LOOPBACK = "127.0.0.1"
 _PEER_GONE = "Connection closed by peer"  # gloo's error when another rank has exited
 _GRACE_S = 2.0
 
 
 def default_backend(world_size: int = 1) -> str:
-    """NCCL when every rank can have a GPU of its own, else gloo (the CPU path), so that one
-    GPU with TP = 3 still runs, over gloo on the CPU, instead of failing."""
-    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
+    """NCCL when the course runs on CUDA (``minillm.devices.cuda_requested()``) and every
+    rank can have a GPU of its own, else gloo (the CPU path), so that one GPU with TP = 3
+    still runs, over gloo on the CPU, instead of failing; ``MINILLM_DEVICE=cpu`` keeps every
+    rank on the CPU."""
+    if cuda_requested() and torch.cuda.device_count() >= world_size:
         return "nccl"
     return "gloo"
+
+
+def ranks_device(world_size: int) -> torch.device:
+    """Where the ranks of a ``world_size``-process run compute: a GPU each under NCCL
+    (rank 0's shown), else the CPU. What a lab compares a parallel run with."""
+    if default_backend(world_size) == "nccl":
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
 
 
 def rank_device(rank: int) -> torch.device:

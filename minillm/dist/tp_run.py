@@ -57,7 +57,8 @@ def _tp_worker(rank: int, world_size: int, prompts, max_new_tokens: int, dtype):
             tokens = list(tp_generate_stream(model, prompt, max_new_tokens, trace=trace))
         ledgers = [None] * world_size
         tdist.all_gather_object(ledgers, ledger)
-        runs.append(TPRun(world_size, list(prompt), tokens, trace.prefill_logits, ledger,
+        logits = None if trace.prefill_logits is None else trace.prefill_logits.cpu()
+        runs.append(TPRun(world_size, list(prompt), tokens, logits, ledger,
                           ledgers, sizes, trace.step_times_s, ledger.time_s()))
     return runs
 

@@ -24,9 +24,11 @@ import os
 import sys
 import warnings
 
-import torch
+from ..devices import cuda_requested
 
-_HAS_CUDA = torch.cuda.is_available()
+# CUDA in use: a GPU is visible and MINILLM_DEVICE does not choose the CPU (with
+# MINILLM_DEVICE=cpu on a GPU machine the kernels get CPU tensors: the interpreter runs them).
+_HAS_CUDA = cuda_requested()
 _TRITON_WAS_IMPORTED = "triton" in sys.modules
 _USER_SETTING = os.environ.get("TRITON_INTERPRET")
 if not _HAS_CUDA:

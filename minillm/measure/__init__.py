@@ -23,14 +23,22 @@ Layout (every name is re-exported here, e.g. ``measure.measure_attention_decode`
     results.py    OpMeasurement, roofline_fraction, format_table
     steps.py      the whole model: measure_decode_steps, measure_prefill, measure_operations
     operators.py  one operator: measure_matmul, measure_matvec, measure_attention_decode
-    memory.py     attention_peak_growth: peak RSS of one attention call, in a fresh process
+    memory.py     attention_peak_growth: peak memory of one attention call (RSS in a fresh
+                  process on a CPU, the allocator's peak on CUDA)
+    launch.py     the launch wall: measure_launch_cost, count_step_ops (torch.profiler),
+                  measure_launch_wall (eager, compiled, CUDA-graph decode against its floors)
+
+Every function runs on ``device`` (None: ``minillm.devices.default_device()``), or on the
+model's device for the model-level ones: the roofline's points and roof come from one device
+(``check_same_device``).
 """
 
 from __future__ import annotations
 
+from .launch import LaunchWall, count_step_ops, measure_launch_cost, measure_launch_wall
 from .memory import attention_peak_growth
 from .operators import measure_attention_decode, measure_matmul, measure_matvec
-from .results import OpMeasurement, format_table, roofline_fraction
+from .results import OpMeasurement, check_same_device, format_table, roofline_fraction
 from .steps import (DEFAULT_BATCH_SIZES, matmul_params, measure_decode_steps,
                     measure_operations, measure_prefill)
 
@@ -38,4 +46,6 @@ __all__ = [
     "OpMeasurement", "DEFAULT_BATCH_SIZES", "matmul_params", "measure_decode_steps",
     "measure_prefill", "measure_matmul", "measure_matvec", "measure_attention_decode",
     "measure_operations", "roofline_fraction", "format_table", "attention_peak_growth",
+    "check_same_device", "LaunchWall", "measure_launch_cost", "count_step_ops",
+    "measure_launch_wall",
 ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..devices import default_dtype, resolve_device
+
 
 def _check_int(name: str, value, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -24,4 +26,12 @@ def _name(dtype: torch.dtype) -> str:
 
 
 def _device(device) -> torch.device:
-    return torch.device("cpu") if device is None else torch.device(device)
+    """``device`` (None: the process's device, ``minillm.devices.default_device()``)."""
+    return resolve_device(device)
+
+
+def _device_dtype(device, dtype) -> tuple[torch.device, torch.dtype]:
+    """The device (None: the default) and the dtype (None: that device's default dtype,
+    ``minillm.devices.default_dtype``: bf16 on CUDA, fp32 on a CPU)."""
+    dev = resolve_device(device)
+    return dev, default_dtype(dev) if dtype is None else _dtype(dtype)

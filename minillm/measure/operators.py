@@ -3,6 +3,10 @@ one layer's decode attention.
 
 FLOPs and bytes are the ideal counts of ``minillm.calc`` (``matmul_intensity``,
 ``matvec_intensity``, ``attention_intensity``), so a measured intensity equals the formula's.
+Every function runs on ``device`` (None: ``minillm.devices.default_device()``) in ``dtype``
+(None: that device's default, bf16 on CUDA and fp32 on a CPU), the same defaults as
+``perf.measure_machine`` and ``load_model``, so an operator and the roofline it is drawn
+under come from one device.
 """
 
 from __future__ import annotations
@@ -12,11 +16,11 @@ import torch.nn.functional as F
 
 from ..attention import get_backend
 from ..timing import time_fn
-from ._common import _check_int, _device, _dtype, _name
+from ._common import _check_int, _device_dtype, _name
 from .results import OpMeasurement
 
 
-def measure_matmul(m: int, n: int, k: int, dtype=torch.float32, device=None, repeats: int = 5,
+def measure_matmul(m: int, n: int, k: int, dtype=None, device=None, repeats: int = 5,
                    warmup: int = 1, seed: int = 0) -> OpMeasurement:
     """Time x[m, k]·W[n, k]ᵀ (what ``nn.Linear`` computes), a prefill-like GEMM (m tokens through an
     n×k weight).
@@ -26,7 +30,7 @@ def measure_matmul(m: int, n: int, k: int, dtype=torch.float32, device=None, rep
     """
     for name, v in (("m", m), ("n", n), ("k", k)):
         _check_int(name, v)
-    dt, dev = _dtype(dtype), _device(device)
+    dev, dt = _device_dtype(device, dtype)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, k, generator=g).to(dev, dt)
     w = torch.randn(n, k, generator=g).to(dev, dt)
@@ -40,7 +44,7 @@ def measure_matmul(m: int, n: int, k: int, dtype=torch.float32, device=None, rep
         device=str(dev), details={"m": m, "n": n, "k": k})
 
 
-def measure_matvec(rows: int, cols: int, dtype=torch.float32, device=None, repeats: int = 5,
+def measure_matvec(rows: int, cols: int, dtype=None, device=None, repeats: int = 5,
                    warmup: int = 1, seed: int = 0) -> OpMeasurement:
     """Time y = W·x with W rows×cols, the decode-like matrix-vector product (one token
     through one weight; ``F.linear`` on a single row, as batch-1 decode does).
@@ -50,7 +54,7 @@ def measure_matvec(rows: int, cols: int, dtype=torch.float32, device=None, repea
     """
     _check_int("rows", rows)
     _check_int("cols", cols)
-    dt, dev = _dtype(dtype), _device(device)
+    dev, dt = _device_dtype(device, dtype)
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(rows, cols, generator=g).to(dev, dt)
     x = torch.randn(1, cols, generator=g).to(dev, dt)
@@ -63,7 +67,7 @@ def measure_matvec(rows: int, cols: int, dtype=torch.float32, device=None, repea
 
 
 def measure_attention_decode(batch: int = 1, context_len: int = 1024, num_heads: int = 9,
-                             num_kv_heads: int = 3, head_dim: int = 64, dtype=torch.float32,
+                             num_kv_heads: int = 3, head_dim: int = 64, dtype=None,
                              device=None, backend="torch", repeats: int = 5, warmup: int = 1,
                              seed: int = 0) -> OpMeasurement:
     """Time one layer's decode attention: one query per sequence over ``context_len`` cached
@@ -81,7 +85,7 @@ def measure_attention_decode(batch: int = 1, context_len: int = 1024, num_heads:
     if num_heads % num_kv_heads:
         raise ValueError(f"num_kv_heads must divide num_heads; got num_heads={num_heads}, "
                          f"num_kv_heads={num_kv_heads}.")
-    dt, dev = _dtype(dtype), _device(device)
+    dev, dt = _device_dtype(device, dtype)
     be = get_backend(backend)
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, num_heads, 1, head_dim, generator=g).to(dev, dt)

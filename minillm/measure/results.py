@@ -14,6 +14,7 @@ from typing import Iterable
 import torch
 
 from .. import calc
+from ..devices import same_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,19 @@ class OpMeasurement:
                 f"{self.bytes_per_s / 1e9:.2f} GB/s, {self.intensity:.3g} FLOP/byte")
 
 
+def check_same_device(profile, ops: Iterable[OpMeasurement]) -> None:
+    """The roof (``profile``, a ``MachineProfile``) and the points under it (``ops``) must
+    come from one device; ``ValueError`` naming both otherwise."""
+    other = sorted({op.device for op in ops if not same_device(op.device, profile.device)})
+    if other:
+        raise ValueError(
+            f"the measurements ran on {', '.join(other)} but the machine profile was measured "
+            f"on {profile.device} ({profile.device_name}): a roofline divides each point by "
+            f"its own device's limits. Measure both on one device: perf.measure_machine() and "
+            f"load_model() both default to minillm.devices.default_device(), or pass the same "
+            f"device= to each.")
+
+
 def roofline_fraction(op: OpMeasurement, peak_flops: float, bandwidth_bytes_per_s: float) -> float:
     """Achieved FLOP/s over the roofline's attainable FLOP/s at the op's intensity
     (``calc.roofline_flops``). 1.0 means on the roof; small-cache effects can exceed it."""
@@ -75,6 +89,8 @@ def format_table(ops: Iterable[OpMeasurement], profile=None) -> str:
     """A plain-text table of measurements; with a ``minillm.perf.MachineProfile``, each row
     also shows the fraction of this machine's roofline reached and what bounds it."""
     ops = list(ops)
+    if profile is not None:
+        check_same_device(profile, ops)
     head = f"{'operation':<24}{'ms':>9}{'GFLOP/s':>10}{'GB/s':>8}{'FLOP/B':>8}"
     if profile is not None:
         head += f"{'% roof':>8}  bound"

@@ -25,16 +25,19 @@ from collections.abc import Sequence
 
 import torch
 
+from ..devices import resolve_device
+
 
 class PagedKVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str | None = None):
         if min(num_layers, num_blocks, block_size, num_kv_heads, head_dim) < 1:
             raise ValueError("num_layers, num_blocks, block_size, num_kv_heads and head_dim "
                              "must all be >= 1")
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
         self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
+        device = resolve_device(device)  # None: minillm.devices.default_device()
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         # Flat storage [slots + 1 trash row, Hkv, D] per layer; the caches view its blocks.
         flat = (num_blocks * block_size + 1, num_kv_heads, head_dim)
@@ -80,7 +83,7 @@ class PagedKVCache:
     @classmethod
     def from_budget(cls, budget_bytes: int, num_layers: int, block_size: int,
                     num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32,
-                    device: torch.device | str = "cpu") -> PagedKVCache:
+                    device: torch.device | str | None = None) -> PagedKVCache:
         n = cls.num_blocks_for_budget(budget_bytes, num_layers, block_size, num_kv_heads,
                                       head_dim, dtype)
         return cls(num_layers, n, block_size, num_kv_heads, head_dim, dtype, device)
@@ -110,11 +113,11 @@ class PagedKVCache:
 
 
 def block_table_tensor(block_tables: Sequence[Sequence[int]],
-                       device: torch.device | str = "cpu") -> torch.Tensor:
+                       device: torch.device | str | None = None) -> torch.Tensor:
     """Stack per-sequence block tables into int32 `[B, max_blocks]`, right-padded with 0.
     The width is the longest table (at least 1, so the tensor is never zero-width)."""
     width = max([len(t) for t in block_tables] + [1])
     out = torch.zeros((len(block_tables), width), dtype=torch.int32)
     for i, table in enumerate(block_tables):
         out[i, :len(table)] = torch.tensor(list(table), dtype=torch.int32)
-    return out.to(device)
+    return out.to(resolve_device(device))

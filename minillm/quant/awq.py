@@ -76,7 +76,7 @@ def clip_search(w: torch.Tensor, x: torch.Tensor, bits: int, group_size: int, sy
     out_features, in_features = w.shape
     G = in_features // group_size
     xg = x.reshape(-1, G, group_size)                         # [T, G, g]
-    best = torch.empty(out_features, G)
+    best = torch.empty(out_features, G, device=w.device)
     for o0 in range(0, out_features, oc_batch):
         wg = w[o0:o0 + oc_batch].reshape(-1, G, group_size)    # [o, G, g]
         org_max = wg.abs().amax(-1)                            # [o, G]

@@ -66,13 +66,16 @@ def gptq(w: torch.Tensor, H: torch.Tensor, bits: int = 4, group_size: int | None
     perm = torch.argsort(torch.diag(H), descending=True) if act_order else None
     if perm is not None:
         W, H = W[:, perm], H[perm][:, perm]
-    col_of = perm if perm is not None else torch.arange(in_features)  # original column index
+    # Index bookkeeping stays on the host (read per column: no device sync); the matrices
+    # stay on w's device.
+    col_of = perm.cpu() if perm is not None else torch.arange(in_features)  # original column
 
-    H += percdamp * torch.mean(torch.diag(H)) * torch.eye(in_features, dtype=H.dtype)
+    H += percdamp * torch.mean(torch.diag(H)) * torch.eye(in_features, dtype=H.dtype,
+                                                          device=H.device)
     U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
 
     num_groups = in_features // g
-    scale = torch.zeros(out_features, num_groups, dtype=torch.float64)
+    scale = torch.zeros(out_features, num_groups, dtype=torch.float64, device=W.device)
     zero = torch.zeros_like(scale)
     fixed = torch.zeros(num_groups, dtype=torch.bool)
     Q = torch.zeros_like(W)

@@ -22,8 +22,6 @@ what a w4 step reads (113 of 171 MB for SmolLM2), so the benchmark measures all 
 """
 from __future__ import annotations
 
-import copy
-
 import torch
 
 from .. import attention
@@ -122,9 +120,8 @@ def quantize_model(model, method: str = "rtn", bits: int = 4, group_size=64, sym
             calibration = calibration_windows(load_tokenizer())
         calibration = check_calibration(calibration, model.config.vocab_size)
 
-    # Copy without the compiled function (it belongs to the original and cannot be copied).
-    qmodel = copy.deepcopy(model, memo={id(model._compiled_run): None})
-    qmodel._compiled_run = None
+    # Copy without the compiled step and CUDA graphs (they belong to the original).
+    qmodel = model.deep_copy()
     qmodel.requires_grad_(False)
     layers = qmodel.layers
     bar = _progress(len(layers) + int(head_bits is not False), f"{method} w{bits}", progress)
@@ -161,7 +158,7 @@ def _progress(total, desc, enabled):
 
 
 def _layer_inputs(model, ids):
-    positions = torch.arange(ids.shape[1]).expand(ids.shape)
+    positions = torch.arange(ids.shape[1], device=model.rope_cos.device).expand(ids.shape)
     cos, sin = model.rope_cos[positions], model.rope_sin[positions]
     return cos, sin, attention.NoCacheContext(model.attn_backend)
 
@@ -184,6 +181,7 @@ def _hessian_of(xs, module):
 def _calibrated(qmodel, calibration, method, bits, sizes, sym, bar, **gptq_args):
     """Quantize `qmodel`'s layers in place, one at a time, on calibration activations.
     Returns the last layer's outputs (list of chunks), for the LM head."""
+    calibration = calibration.to(qmodel.embed_tokens.weight.device)  # on the model's device
     chunks = _chunks(len(calibration))
     xs = [qmodel.embed_tokens(calibration[c]) for c in chunks]
     cos, sin, ctx = _layer_inputs(qmodel, calibration[:CHUNK])

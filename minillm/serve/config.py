@@ -1,7 +1,9 @@
 """ServeConfig: every option of the HTTP server, in one frozen dataclass, checked once.
 
 The engine options (`max_num_seqs`, `num_blocks`, `max_num_batched_tokens`, `block_size`)
-are passed through to `EngineConfig`; the others belong to the HTTP layer: where to listen,
+are passed through to `EngineConfig`; `device` and `dtype` choose where and in what the
+model is loaded (None: `minillm.devices.default_device()` and its default dtype, bf16 on
+CUDA and fp32 on a CPU); the others belong to the HTTP layer: where to listen,
 how many requests may wait before the server sheds load, how long a SIGTERM drain may take,
 how long `/health` waits for its one-token generation.
 """
@@ -9,9 +11,12 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import re
 from dataclasses import dataclass, fields
 
 MODEL_NAME = "smollm2-135m-instruct"
+DTYPES = ("float32", "bfloat16", "float16")
+DEVICE_TEXT = re.compile(r"^(cpu|cuda)(:\d+)?$")
 MAX_BODY_BYTES = 1 << 20  # 1 MiB
 
 
@@ -30,6 +35,8 @@ class ServeConfig:
     max_n: int = 8                          # the largest `n` a request may ask for
     retry_after_s: int = 1                  # the Retry-After header of a 503
     model_name: str = MODEL_NAME
+    device: str | None = None               # cpu, cuda, cuda:N; None: the default device
+    dtype: str | None = None                # float32, bfloat16, float16; None: the device's
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_queue_len", "block_size", "max_num_batched_tokens",
@@ -46,6 +53,13 @@ class ServeConfig:
                                  f"got {value!r}")
         if not isinstance(self.host, str) or not self.host:
             raise ValueError(f"ServeConfig.host must be a host name or address, got {self.host!r}")
+        if self.device is not None and not (isinstance(self.device, str)
+                                            and DEVICE_TEXT.match(self.device.strip().lower())):
+            raise ValueError(f"ServeConfig.device must be cpu, cuda or cuda:N (or None for the "
+                             f"default device), got {self.device!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"ServeConfig.dtype must be one of {DTYPES} (or None for the "
+                             f"device's default), got {self.dtype!r}")
         if not isinstance(self.model_name, str) or not self.model_name:
             raise ValueError(f"ServeConfig.model_name must be a non-empty str, "
                              f"got {self.model_name!r}")
@@ -53,6 +67,12 @@ class ServeConfig:
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
+
+    def load_options(self) -> dict:
+        """`load_model`'s device and dtype (None: the defaults)."""
+        import torch
+        return {"device": self.device,
+                "dtype": None if self.dtype is None else getattr(torch, self.dtype)}
 
     def engine_options(self) -> dict:
         """The EngineConfig options this config carries."""

@@ -4,7 +4,7 @@ On the first SIGTERM/SIGINT the server keeps listening but admits nothing new (5
 Retry-After), lets in-flight requests finish for up to `drain_timeout_s`, aborts the rest,
 and then shuts uvicorn down; `serve` returns 0. A second SIGINT exits at once.
 
-    python -m minillm serve --port 8000 --max-num-seqs 16 --max-queue-len 64
+    python -m minillm serve --port 8000 --max-num-seqs 16 --max-queue-len 64 [--device cuda]
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def serve(config: ServeConfig, model=None, tokenizer=None, log_level: str = "inf
     """Load the model (unless given), build the engine and the app, serve until drained."""
     from .. import LLMEngine, load_model
     if model is None:
-        model, tokenizer = load_model()
+        model, tokenizer = load_model(**config.load_options())
     engine = LLMEngine(model, tokenizer, **config.engine_options())
     app = create_app(engine, tokenizer, config)
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
@@ -72,8 +72,9 @@ def serve(config: ServeConfig, model=None, tokenizer=None, log_level: str = "inf
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = DrainingServer(uv_config, app)
-    log.info("serving %s on http://%s:%d (max_num_seqs=%d, max_queue_len=%d, num_blocks=%d)",
-             config.model_name, config.host, config.port, config.max_num_seqs,
+    log.info("serving %s on http://%s:%d (%s, %s; max_num_seqs=%d, max_queue_len=%d, "
+             "num_blocks=%d)", config.model_name, config.host, config.port, model.device,
+             str(model.dtype).removeprefix("torch."), config.max_num_seqs,
              config.max_queue_len, engine.config.num_blocks)
     server.run()
     return 0

@@ -36,7 +36,7 @@ def make_draft(target: LlamaModel, layers: Sequence[int] = (0, -1)) -> LlamaMode
     if not picked or any(not -n <= i < n for i in layers):
         raise ValueError(f"layers must be 1+ indices into the target's {n} layers, got {layers!r}")
     cfg = replace(target.config, num_layers=len(picked))
-    draft = LlamaModel(cfg, attn_backend=target.attn_backend).to(target.dtype)
+    draft = LlamaModel(cfg, attn_backend=target.attn_backend).to(target.device, target.dtype)
     draft.embed_tokens.weight = target.embed_tokens.weight  # shared, never trained
     draft.tie_weights()
     with torch.no_grad():
@@ -77,7 +77,7 @@ def distill(draft: LlamaModel, target: LlamaModel, token_ids: Sequence[int], *,
     while (steps is None or len(losses) < steps) and (
             seconds is None or time.perf_counter() - t0 < seconds):
         starts = torch.randint(0, len(data) - seq_len, (batch_size,), generator=g)
-        ids = torch.stack([data[s:s + seq_len] for s in starts.tolist()])
+        ids = torch.stack([data[s:s + seq_len] for s in starts.tolist()]).to(target.device)
         with torch.no_grad():
             teacher = F.log_softmax(target(ids).float(), dim=-1)
         student = F.log_softmax(draft(ids).float(), dim=-1)

@@ -44,7 +44,7 @@ def rejection_sample(target_probs: torch.Tensor, draft_probs: torch.Tensor | Non
     out: list[int] = []
     for i, token in enumerate(draft_tokens):
         p = target_probs[i].float()
-        q = (torch.nn.functional.one_hot(torch.tensor(token), p.shape[0]).float()
+        q = (torch.nn.functional.one_hot(torch.tensor(token, device=p.device), p.shape[0]).float()
              if draft_probs is None else draft_probs[i].float())
         u = float(torch.rand((), generator=generator))
         if u * float(q[token]) < float(p[token]):  # u < p/q, without dividing by q = 0

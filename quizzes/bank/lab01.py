@@ -1,10 +1,12 @@
-"""Lab 01 quiz: the memory wall and the roofline.
+"""Lab 01 quiz: the memory wall and the roofline, and the launch wall.
 
 Numeric answers come from ``minillm.calc`` and ``minillm.hardware`` (imported inside the
-answer functions, so importing this bank stays cheap). q9 and q12 read what the lab
-recorded on this machine (``quizzes.record``): the bandwidth of section 1 and the batch-1
-decode speed of section 5. q12 is the predict-then-measure question: the ceiling predicted
-in q9 against the fraction of it the real step reaches.
+answer functions, so importing this bank stays cheap). q9, q12 and q13 read what the lab
+recorded on its device (``quizzes.record``): the bandwidth of section 1 and the bytes per
+weight of the lab's dtype (fp32 on a CPU, bf16 on a GPU), the batch-1 decode speed of
+section 5, and the launch cost and launches per step of section 8. q12 is the
+predict-then-measure question of the memory wall (the ceiling predicted in q9 against the
+fraction of it the real step reaches), q13 the launch wall's.
 """
 
 from quizzes.questions import Choice, Numeric, Option
@@ -52,11 +54,17 @@ def _prefill_7b_tflop() -> float:
     return _calc().prefill_flops(7e9, 1000) / 1e12
 
 
-def _fp32_weight_bytes() -> float:
-    """Bytes of SmolLM2-135M's weights that one token multiplies through, in fp32."""
+def _weight_bytes(dtype_bytes: float) -> float:
+    """Bytes of SmolLM2-135M's weights that one token multiplies through, at dtype_bytes per
+    weight (4 in fp32, 2 in bf16)."""
     from minillm import ModelConfig, measure
 
-    return measure.matmul_params(ModelConfig.smollm2_135m()) * 4
+    return measure.matmul_params(ModelConfig.smollm2_135m()) * dtype_bytes
+
+
+def _ceiling(m: dict) -> float:
+    """The batch-1 ceiling from the recorded bandwidth and the lab's dtype, in tok/s."""
+    return m["bandwidth_GBps"] * 1e9 / _weight_bytes(m["dtype_bytes"])
 
 
 QUESTIONS = [
@@ -128,12 +136,16 @@ QUESTIONS = [
     Numeric(
         "q9",
         "**Predict.** From the bandwidth you measured in section 1, what is the batch-1 decode "
-        "ceiling of SmolLM2-135M in fp32 on this machine, in tok/s? Count the 538 MB of weights a "
-        "token multiplies through (section 2's `measure.matmul_params` × 4 bytes) and leave the few "
-        "MB of KV cache out. It is marked against your measured bandwidth ÷ those bytes, within 5%.",
-        answer=lambda m: m["bandwidth_GBps"] * 1e9 / _fp32_weight_bytes(), unit="tok/s", rtol=0.05,
-        needs=("bandwidth_GBps",), example_measured={"bandwidth_GBps": 20.6},
-        explanation="Ceiling = bandwidth ÷ bytes per token, e.g. 20.6 GB/s ÷ 0.538 GB = 38 tok/s. "
+        "ceiling of SmolLM2-135M in this lab's dtype (the first cell's: fp32 on a CPU, bf16 on a "
+        "GPU) on this device, in tok/s? Count the weights a token multiplies through (section "
+        "2's `measure.matmul_params` × the dtype's bytes: 538 MB in fp32, 269 MB in bf16) and "
+        "leave the few MB of KV cache out. It is marked against your measured bandwidth ÷ those "
+        "bytes, within 5%.",
+        answer=_ceiling, unit="tok/s", rtol=0.05,
+        needs=("bandwidth_GBps", "dtype_bytes"),
+        example_measured={"bandwidth_GBps": 20.6, "dtype_bytes": 4},
+        explanation="Ceiling = bandwidth ÷ bytes per token, e.g. 20.6 GB/s ÷ 0.538 GB = 38 tok/s "
+                    "in fp32 on a CPU; 3,000 GB/s ÷ 0.269 GB = 11,000 tok/s in bf16 on an H100. "
                     "Section 5 then measures how much of it a real decode step reaches (q12).",
     ),
     Choice(
@@ -177,15 +189,58 @@ QUESTIONS = [
         "your q9 ceiling did it reach (measured tok/s ÷ ceiling)? Work it out from the table's "
         "batch-1 step time and your ceiling; it is marked against the measured step and your "
         "measured bandwidth, within 20% (relative).",
-        answer=lambda m: 100 * m["decode_tok_s"] / (m["bandwidth_GBps"] * 1e9 / _fp32_weight_bytes()),
+        answer=lambda m: 100 * m["decode_tok_s"] / _ceiling(m),
         unit="%", rtol=0.2,
-        needs=("decode_tok_s", "bandwidth_GBps"),
-        example_measured={"decode_tok_s": 20.4, "bandwidth_GBps": 20.6},
+        needs=("decode_tok_s", "bandwidth_GBps", "dtype_bytes"),
+        example_measured={"decode_tok_s": 20.4, "bandwidth_GBps": 20.6, "dtype_bytes": 4},
         explanation="Measured ÷ ceiling, e.g. 20.4 ÷ 38.3 = 53%. A real step reaches only part of the "
-                    "ceiling (often 40–80%; less when other programs compete for the cores): the "
-                    "bandwidth test streams one long array, while a decode step runs ~120 matrix "
-                    "products, each with its own start-up cost, plus norms, RoPE and attention. "
-                    "gpt-fast-style engines report this fraction (achieved GB/s ÷ peak GB/s) next to "
-                    "tok/s.",
+                    "ceiling: the bandwidth test streams one long array, while a decode step runs "
+                    "~120 matrix products, each with its own start-up cost, plus norms, RoPE and "
+                    "attention, over a thousand operations in all. On a CPU that is often 40–80% "
+                    "(less when other programs compete for the cores). On a GPU the same step reaches "
+                    "a few percent at most: reading the weights takes a fraction of a millisecond, "
+                    "issuing the thousand operations several milliseconds (section 8, the launch "
+                    "wall). gpt-fast-style engines report this fraction (achieved GB/s ÷ peak GB/s) "
+                    "next to tok/s.",
+    ),
+    Numeric(
+        "q13",
+        "**Predict, then measure.** Section 8 measured what one launch costs on this device and "
+        "counted the launches of one eager decode step with the profiler. Predict the step's "
+        "launch floor, launches per step × the cost of one launch, in ms. It is marked against "
+        "your measured launch cost and launch count, within 10%; section 8 then measures the "
+        "step itself.",
+        answer=lambda m: m["launches_per_step"] * m["launch_us"] / 1e3, unit="ms", rtol=0.1,
+        needs=("launches_per_step", "launch_us"),
+        example_measured={"launches_per_step": 1223, "launch_us": 3.2},
+        explanation="Launch floor = launches × cost of one, e.g. 1,223 × 3.2 µs = 3.9 ms on a "
+                    "2-core CPU, where it adds to the 14 ms the fp32 weights take (one core issues "
+                    "each operation, then runs it). On an H100 about 900 kernel launches at ~5 µs "
+                    "are 4.5 ms against 0.09 ms for the bf16 weights: the GPU waits for the host, "
+                    "and decode there is launch-bound. The measured eager step is larger still: "
+                    "Python runs around every module and dispatches view operations that launch "
+                    "nothing (the ops column).",
+    ),
+    Choice(
+        "q14",
+        "On a GPU, SmolLM2's eager batch-1 decode reaches about 1% of its bandwidth ceiling "
+        "(69 tok/s against 11,000 on an H100). Which change brings it closest to the ceiling?",
+        options=[
+            Option("Replay the whole step as a CUDA graph: one launch per step instead of ~900",
+                   correct=True,
+                   why="The step is bound by what the host issues, not by bytes or FLOPs. A graph "
+                       "keeps every kernel but launches them all at once, so the step falls "
+                       "toward its bytes floor (torch.compile's fusion helps too, by fewer "
+                       "kernels)."),
+            Option("A GPU with twice the memory bandwidth",
+                   why="The bytes floor is already ~50× below the launch floor: halving it "
+                       "changes the step by well under 1%."),
+            Option("Store the weights in int4",
+                   why="Fewer bytes shrink the bytes floor, which is not the one that binds; the "
+                       "dequantizing kernels are launches like any other."),
+            Option("A GPU with twice the FLOP/s",
+                   why="Batch-1 decode uses well under 1% of a GPU's compute; FLOP/s is the "
+                       "roof no decode step touches."),
+        ],
     ),
 ]

@@ -73,8 +73,9 @@ QUESTIONS = [
         needs=("mha_step_ms", "mha_step_bytes", "mqa_step_bytes"),
         example_measured={"mha_step_ms": 140.0, "mha_step_bytes": 368e6, "mqa_step_bytes": 90e6},
         explanation="time_MQA ≈ time_MHA × bytes_MQA ÷ bytes_MHA. The measured MQA step is slower than "
-                    "this: part of each step does not shrink with the bytes (fixed costs, and a CPU "
-                    "attention kernel that runs below the memory bandwidth).",
+                    "this: part of each step does not shrink with the bytes (fixed costs: on a GPU "
+                    "the launch of every kernel, Lab 01's launch wall; and an attention kernel "
+                    "that runs below the memory bandwidth).",
     ),
     Numeric(
         "q4",
@@ -87,7 +88,7 @@ QUESTIONS = [
     Numeric(
         "q5",
         "**Predict, then measure.** Section 2 measured how much naive attention's peak memory grew "
-        "during one call at T = 1,024 on your machine. It keeps a few [H, T, T] matrices alive at "
+        "during one call at T = 1,024 on your device. It keeps a few [H, T, T] matrices alive at "
         "once. Predict the growth at T = 2,048, in MB, before the next cell measures it. Marked "
         "against that measurement, within 20%.",
         answer=lambda m: m["naive_peak_2048_MB"], unit="MB", rtol=0.2,

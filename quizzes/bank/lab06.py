@@ -69,7 +69,7 @@ QUESTIONS = [
                         "decode can get up to that much faster; the KV cache does not shrink."),
     Numeric("q7", "**Predict.** From the bandwidth you measured and the bytes per token of the "
                   "w4 g64 model (section 6), what is the batch-1 decode ceiling of the w4 model on "
-                  "this machine, in tok/s? It is marked against bandwidth ÷ bytes as measured "
+                  "this device, in tok/s? It is marked against bandwidth ÷ bytes as measured "
                   "(within 20%); the cell after the question then times the real decode.",
             answer=lambda m: m["bandwidth_GBps"] * 1e3 / m["w4_mb_per_token"], unit="tok/s",
             rtol=0.2, needs=("bandwidth_GBps", "w4_mb_per_token"),

@@ -72,7 +72,7 @@ QUESTIONS = [
     Numeric("q6", "And the speedup at that k?",
             answer=_speedup_at_best_k, unit="x", rtol=0.02,
             explanation="4.33 / 1.4 = 3.09×. With r = 0.1 the best k falls to 6 (2.47×)."),
-    Numeric("q7", "**Measured.** From the α, r and c you measured on this machine at k = 4 (section 6), "
+    Numeric("q7", "**Measured.** From the α, r and c you measured on this device at k = 4 (section 6), "
                   "predict the speedup of speculative over plain decoding with calc.spec_speedup. It is "
                   "marked against the speedup the lab then measured. The formula assumes independent "
                   "acceptances, which copying breaks (section 5), so a prediction within 40% of the "

@@ -1,7 +1,7 @@
 """Lab 10 quiz: cost, capacity and design, then a review of the course.
 
-q1 reads the throughput the lab measured on this machine (``quizzes.record(smollm_tok_s=...)``
-in the notebook); every other answer comes from ``minillm.calc`` (imported in the answer
+q1 reads the throughput the lab measured on its device and the hourly price it took for that
+device (``quizzes.record(smollm_tok_s=..., dollars_per_hour=...)`` in the notebook); every other answer comes from ``minillm.calc`` (imported in the answer
 functions). q6-q15 are the ten review questions of the syllabus (section 10), one per lab
 or two, each answered with a formula of ``calc``.
 """
@@ -9,10 +9,6 @@ or two, each answered with a formula of ``calc``.
 from quizzes.questions import Choice, Numeric, Option
 
 TITLE = "Lab 10: from a model to a deployment"
-
-#: What this machine is taken to rent for in q1: a 2-vCPU cloud VM, on demand (indicative).
-MACHINE_DOLLARS_PER_HOUR = 0.10
-
 
 def _calc(name, *args, scale=1.0, **kwargs):
     def answer() -> float:
@@ -26,7 +22,7 @@ def _calc(name, *args, scale=1.0, **kwargs):
 def _machine_cost(m) -> float:
     from minillm import calc
 
-    return calc.cost_per_million_tokens(MACHINE_DOLLARS_PER_HOUR, m["smollm_tok_s"])
+    return calc.cost_per_million_tokens(m["dollars_per_hour"], m["smollm_tok_s"])
 
 
 def _design_gpus() -> float:
@@ -45,16 +41,19 @@ def _two_a100_requests() -> float:
 
 
 QUESTIONS = [
-    Numeric("q1", f"**Measured.** Say this machine rents for ${MACHINE_DOLLARS_PER_HOUR:.2f} an hour "
-                  f"(a small cloud VM). From the throughput the engine reached on the benchmark "
-                  f"workload in section 1, what do 1M generated tokens cost at full utilization? "
-                  f"Work it out with the formula of section 1; it is marked against the throughput "
-                  f"this notebook measured, within 20%.",
-            answer=_machine_cost, unit="$", rtol=0.2, needs=("smollm_tok_s",),
-            example_measured={"smollm_tok_s": 150.0},
-            explanation="$/h ÷ (tok/s × 3600) × 1e6. At 150 tok/s that is $0.185; an A100 serving "
-                        "SmolLM2 would be far cheaper per token, because it is 20 times pricier but "
-                        "hundreds of times faster."),
+    Numeric("q1", "**Measured.** Section 1 priced the device this lab runs on by the hour: the "
+                  "catalog's indicative figure for its GPU or for a CPU VM of its size, or your own "
+                  "(`MY_DOLLARS_PER_HOUR`). From that price and the throughput the engine reached on "
+                  "the benchmark workload there, what do 1M generated tokens cost at full "
+                  "utilization? Work it out with the formula of section 1; it is marked against the "
+                  "price and the throughput this notebook recorded, within 20%.",
+            answer=_machine_cost, unit="$", rtol=0.2, needs=("smollm_tok_s", "dollars_per_hour"),
+            example_measured={"smollm_tok_s": 150.0, "dollars_per_hour": 0.10},
+            explanation="$/h ÷ (tok/s × 3600) × 1e6. A 2-vCPU VM at $0.10/h serving 150 tok/s: "
+                        "$0.185. An H100 at $3/h costs 30 times as much per hour, but serving "
+                        "SmolLM2 it is hundreds of times faster, so each token costs far less: "
+                        "the price per token is set by what the device does per dollar, not by "
+                        "its hourly price."),
     Numeric("q2", "One A100 rents for $2.50/h and serves 800 tok/s when busy, but it is busy only 40% "
                   "of the hours you pay for. What do 1M tokens cost?",
             answer=_calc("cost_per_million_tokens", 2.50, 800, 0.4), unit="$", rtol=0.02,

@@ -1,0 +1,290 @@
+"""The launch wall: what a batch-1 decode step costs beyond its bytes, predicted from the
+operations the host issues, then measured (Lab 01, section 8).
+
+A decode step of a small model has two floors:
+
+- the **bytes floor**: weight bytes ÷ bandwidth (the memory wall of Lab 01's sections 2-5);
+- the **launch floor**: launches per step × the cost of one launch (``calc.launch_floor_s``).
+  Every operation the host issues costs it microseconds (Python, PyTorch's dispatcher and,
+  on a GPU, the kernel launch) however little the operation does.
+
+On a CPU one core issues an operation and then runs it, so a step costs about the sum of
+the floors. On a GPU the host queues kernels while the device runs earlier ones, so a step
+costs about the larger floor (``calc.step_floor_s``). SmolLM2 launches ~900 kernels per
+token, which at ~5 µs each is ~50× the time its bf16 weights take at 3 TB/s: on a GPU,
+batch-1 decode is launch-bound. The fixes cut what the host issues per step:
+``torch.compile`` fuses the glue between the weight products into fewer kernels and takes
+Python out of the step; a CUDA graph replays the whole step with one launch
+(``generate(..., cuda_graph=True)``, ``minillm.decode_graph``).
+
+What is measured, on the model's device, in the model's dtype:
+
+- ``measure_launch_cost``: seconds per tiny operation issued from Python (``torch.add`` of a
+  one-element tensor into a preallocated one), the median over bursts of ``ops`` of them,
+  the device drained around each burst (``time_fn``);
+- ``count_step_ops``: the PyTorch profiler's counts per decode step of ``generate``, the
+  prefill cancelled (a (1 + S)-token generation minus a 1-token one, over S):
+  ``host_ops``, the operator calls from Python (the profiler's top-level operators: each
+  pays the dispatch cost, views that launch nothing included); ``launches``, what the host
+  issues to the device: kernel launches on CUDA (cudaLaunchKernel, cuLaunchKernel, ...; a
+  CUDA-graph replay counts once), the operator calls from Python on a CPU (``host_ops``);
+  ``kernels``, what then runs: GPU kernels and copies on CUDA, every operator event on a
+  CPU (nested ones included);
+- the step time: ``(t(1 + S tokens) − t(1 token)) ÷ S``, each time the best of ``rounds``
+  (``timing.decode_tok_s``).
+
+Invariants: every variant generates from the same prompt with greedy sampling and
+``ignore_eos``, so each does the same work; a variant is warmed up (compiled, captured)
+before it is timed or counted; CUDA-graph variants run only on CUDA (a CPU has no graphs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import time
+from typing import Sequence
+
+import torch
+
+from .. import calc
+from ..devices import device_name, synchronize
+from ..timing import decode_tok_s, time_fn
+from .steps import matmul_params
+
+#: name -> generate() options. CUDA-graph variants need CUDA.
+VARIANTS = {
+    "eager": dict(compile=False, cuda_graph=False),
+    "compiled": dict(compile=True, cuda_graph=False),
+    "CUDA graph": dict(compile=False, cuda_graph=True),
+    "compiled + CUDA graph": dict(compile=True, cuda_graph=True),
+}
+_LAUNCH_API = re.compile(r"^(cuda|cu)(LaunchKernel|LaunchKernelEx|LaunchKernelExC|GraphLaunch|"
+                         r"LaunchCooperativeKernel)")
+
+
+def default_variants(device: torch.device, quick: bool = False) -> tuple[str, ...]:
+    """What Lab 01 measures on ``device``: eager, compiled and (on CUDA) graph-replayed;
+    ``quick`` leaves out the compiled ones (torch.compile takes 15-40 s the first time)."""
+    cuda = device.type == "cuda"
+    names = ["eager"] + ([] if quick else ["compiled"])
+    if cuda:
+        names += ["CUDA graph"] + ([] if quick else ["compiled + CUDA graph"])
+    return tuple(names)
+
+
+def measure_launch_cost(device=None, ops: int = 1000, repeats: int = 5) -> float:
+    """Seconds per tiny operation issued from Python on ``device`` (None: the default): what
+    the host pays per operation, whatever the operation does."""
+    from ..devices import resolve_device
+
+    dev = resolve_device(device)
+    x = torch.zeros(1, device=dev)
+    y = torch.empty_like(x)
+
+    def burst():
+        for _ in range(ops):
+            torch.add(x, 1.0, out=y)
+
+    return time_fn(burst, warmup=1, repeats=repeats, device=dev) / ops
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCounts:
+    """Per decode step, from the profiler (see the module docstring)."""
+
+    host_ops: float   # operator calls from Python (top-level profiler events)
+    launches: float   # what the host issues: launches (CUDA) / operator calls from Python (CPU)
+    kernels: float    # what runs: GPU kernels and copies (CUDA) / every operator event (CPU)
+
+
+def _counts(events, cuda: bool) -> tuple[int, int, int]:
+    from torch.autograd import DeviceType
+
+    host = [e for e in events if e.device_type == DeviceType.CPU]
+    top = sum(1 for e in host if e.cpu_parent is None and not _LAUNCH_API.match(e.name))
+    if cuda:
+        launches = sum(1 for e in host if _LAUNCH_API.match(e.name))
+        kernels = sum(1 for e in events if e.device_type == DeviceType.CUDA)
+        return top, launches, kernels
+    return top, top, len(host)
+
+
+def count_step_ops(model, prompt_ids: Sequence[int], steps: int = 8, **generate_options) -> StepCounts:
+    """The profiler's launches and kernels per decode step of ``generate(model, prompt_ids,
+    ..., **generate_options)``, the prefill cancelled. Warm the variant up first."""
+    # Kineto (the profiler's engine) prints a line to stderr at every start and stop unless
+    # told otherwise before its first use; its own log level 6 keeps a lab's output clean.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..generate import generate
+
+    cuda = model.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    counted = []
+    for n in (1, 1 + steps):
+        synchronize(model.device)
+        with profile(activities=activities) as prof:
+            generate(model, prompt_ids, n, ignore_eos=True, **generate_options)
+            synchronize(model.device)
+        counted.append(_counts(prof.events(), cuda))
+    one, many = counted
+    return StepCounts(*((b - a) / steps for a, b in zip(one, many)))
+
+
+def time_decode_step(model, prompt_ids: Sequence[int], steps: int = 16, rounds: int = 3,
+                     **generate_options) -> float:
+    """Seconds per decode step of ``generate(..., **generate_options)``: the best time of a
+    (1 + steps)-token generation minus the best of a 1-token one, over ``steps``."""
+    from ..generate import generate
+
+    def timed(n):
+        synchronize(model.device)
+        t0 = time.perf_counter()
+        generate(model, prompt_ids, n, ignore_eos=True, **generate_options)
+        synchronize(model.device)
+        return time.perf_counter() - t0
+
+    t_one, t_all = [], []
+    for _ in range(rounds):
+        t_one.append(timed(1))
+        t_all.append(timed(1 + steps))
+    return 1.0 / decode_tok_s(t_one, t_all, 1 + steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRun:
+    """One way of running the decode step: its measured time and its profiler counts."""
+
+    name: str
+    step_s: float
+    host_ops: float
+    launches: float
+    kernels: float
+
+
+class LaunchWall:
+    """The two floors of a batch-1 decode step of ``model`` on its device, and the steps
+    measured there: ``count(name)`` profiles one variant, ``measure(name)`` times it too and
+    adds a row to ``runs``; ``table()`` and ``summary()`` report them.
+
+    ``bandwidth_bytes_per_s``: what the bytes floor divides by (the machine profile's
+    matvec stream, decode's honest ceiling, measured on the same device)."""
+
+    def __init__(self, model, bandwidth_bytes_per_s: float, *, prompt_len: int = 16,
+                 steps: int = 16, count_steps: int = 8, rounds: int = 3, seed: int = 0):
+        dev = model.device
+        self.model, self.steps, self.count_steps, self.rounds = model, steps, count_steps, rounds
+        g = torch.Generator().manual_seed(seed)
+        self.prompt = torch.randint(0, model.config.vocab_size, (prompt_len,), generator=g).tolist()
+        self.device, self.device_name = str(dev), device_name(dev)
+        self.dtype = str(model.dtype).removeprefix("torch.")
+        self.weight_bytes = float(matmul_params(model.config) * model.dtype.itemsize)
+        if not (isinstance(bandwidth_bytes_per_s, (int, float)) and 0 < bandwidth_bytes_per_s < float("inf")):
+            raise ValueError(f"bandwidth_bytes_per_s must be a number of bytes/s > 0 (e.g. "
+                             f"perf.measure_machine().matvec_bytes_per_s); got {bandwidth_bytes_per_s!r}")
+        self.bandwidth = float(bandwidth_bytes_per_s)
+        self.overlapped = dev.type == "cuda"  # the host issues while the device runs
+        self.launch_s = measure_launch_cost(dev)
+        self.runs: list[StepRun] = []
+        self.notes: list[str] = []
+        self._counts: dict[str, StepCounts] = {}
+
+    @property
+    def bytes_floor_s(self) -> float:
+        return self.weight_bytes / self.bandwidth
+
+    def _options(self, name: str) -> dict:
+        if name not in VARIANTS:
+            raise ValueError(f"a variant is one of {list(VARIANTS)}; got {name!r}")
+        options = VARIANTS[name]
+        if options["cuda_graph"] and not self.overlapped:
+            raise ValueError(f"{name!r} needs a CUDA device (CUDA graphs); this model is on "
+                             f"{self.device}")
+        return options
+
+    def count(self, name: str) -> StepCounts:
+        """The profiler's counts per step of variant ``name`` (warmed up first: compiled,
+        captured); cached."""
+        if name not in self._counts:
+            from ..generate import generate
+
+            options = self._options(name)
+            generate(self.model, self.prompt, 1 + self.steps, ignore_eos=True, **options)
+            self._counts[name] = count_step_ops(self.model, self.prompt, self.count_steps,
+                                                **options)
+        return self._counts[name]
+
+    def measure(self, name: str) -> StepRun:
+        """Count and time variant ``name``; its row is added to ``runs``."""
+        counts = self.count(name)
+        step = time_decode_step(self.model, self.prompt, self.steps, self.rounds,
+                                **self._options(name))
+        run = StepRun(name, step, counts.host_ops, counts.launches, counts.kernels)
+        self.runs = [r for r in self.runs if r.name != name] + [run]
+        return run
+
+    def launch_floor_s(self, run) -> float:
+        return calc.launch_floor_s(run.launches, self.launch_s)
+
+    def predicted_s(self, run) -> float:
+        return calc.step_floor_s(self.bytes_floor_s, self.launch_floor_s(run), self.overlapped)
+
+    def run(self, name: str) -> StepRun:
+        for r in self.runs:
+            if r.name == name:
+                return r
+        raise KeyError(f"no {name!r} run measured here; measured: {[r.name for r in self.runs]}")
+
+    def table(self) -> str:
+        how = "the larger floor" if self.overlapped else "the two floors added"
+        head = (f"{'decode step (batch 1)':<22}{'ops':>6}{'launches':>9}{'kernels':>9}"
+                f"{'launch floor':>14}{'bytes floor':>13}{'predicted':>11}{'measured':>10}"
+                f"{'tok/s':>8}")
+        lines = [f"{self.device} ({self.device_name}), {self.dtype}: one launch costs "
+                 f"{self.launch_s * 1e6:.2f} µs; {self.weight_bytes / 1e6:.0f} MB of weights at "
+                 f"{self.bandwidth / 1e9:.1f} GB/s; predicted = {how}", head, "-" * len(head)]
+        for r in self.runs:
+            lines.append(f"{r.name:<22}{r.host_ops:>6.0f}{r.launches:>9.0f}{r.kernels:>9.0f}"
+                         f"{self.launch_floor_s(r) * 1e3:>11.2f} ms{self.bytes_floor_s * 1e3:>10.2f} ms"
+                         f"{self.predicted_s(r) * 1e3:>8.2f} ms{r.step_s * 1e3:>7.2f} ms"
+                         f"{1 / r.step_s:>8.1f}")
+        return "\n".join(lines + self.notes)
+
+    def summary(self) -> list[str]:
+        """What this device's numbers say: which floor binds the eager step, and what each
+        other variant bought."""
+        lines = []
+        if any(r.name == "eager" for r in self.runs):
+            eager = self.run("eager")
+            launch, nbytes = self.launch_floor_s(eager), self.bytes_floor_s
+            if launch > nbytes:
+                lines.append(f"On {self.device}, the eager step's launch floor ({launch * 1e3:.2f} ms) "
+                             f"is {launch / nbytes:.1f}× its bytes floor ({nbytes * 1e3:.2f} ms): "
+                             f"batch-1 decode here is launch-bound, not memory-bound.")
+            else:
+                lines.append(f"On {self.device}, the eager step's bytes floor ({nbytes * 1e3:.2f} ms) "
+                             f"is {nbytes / launch:.1f}× its launch floor ({launch * 1e3:.2f} ms): "
+                             f"batch-1 decode here is memory-bound; the launches add "
+                             f"{launch / (launch + nbytes):.0%} on top.")
+            lines.append(f"The eager step reaches {nbytes / eager.step_s:.0%} of the bandwidth "
+                         f"ceiling ({1 / eager.step_s:.1f} of {1 / nbytes:.0f} tok/s).")
+            for r in self.runs:
+                if r.name != "eager":
+                    lines.append(f"{r.name}: {eager.step_s / r.step_s:.2f}× eager's speed, "
+                                 f"{r.launches:.0f} launches per step instead of "
+                                 f"{eager.launches:.0f}, {nbytes / r.step_s:.0%} of the ceiling.")
+        return lines
+
+
+def measure_launch_wall(model, variants: Sequence[str] | None = None, *,
+                        bandwidth_bytes_per_s: float, quick: bool = False,
+                        **options) -> LaunchWall:
+    """``LaunchWall(model, bandwidth_bytes_per_s, **options)`` with each of ``variants``
+    (None: ``default_variants(model.device, quick)``) measured."""
+    wall = LaunchWall(model, bandwidth_bytes_per_s, **options)
+    for name in variants or default_variants(model.device, quick):
+        wall.measure(name)
+    return wall

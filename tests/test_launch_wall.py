@@ -1,0 +1,119 @@
+"""The launch wall (`minillm.measure.launch`, Lab 01 section 8): the floors' formulas, the
+profiler's counts and the measured steps, on a tiny random model; on a GPU, the CUDA graph
+cutting the launches of a step while keeping its kernels, and the other device defaults.
+
+The CPU tests check counts and relations, never timing thresholds: a step is timed, and
+only its being positive and consistent with the floors' arithmetic is asserted.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minillm import LlamaModel, ModelConfig, calc, devices, measure
+from minillm.measure import launch
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (gpu_check's pytest section)")
+
+
+def tiny(device=None):
+    dev = devices.resolve_device(device)
+    return (LlamaModel(ModelConfig.tiny()).init_random_weights(seed=0).eval()
+            .to(dev, devices.default_dtype(dev)))
+
+
+def test_the_floors_formulas():
+    assert calc.launch_floor_s(1223, 3.2e-6) == pytest.approx(3.9136e-3)
+    assert calc.launch_floor_s(0, 3e-6) == 0
+    assert calc.step_floor_s(14e-3, 4e-3, overlapped=False) == pytest.approx(18e-3)  # a CPU
+    assert calc.step_floor_s(0.09e-3, 4.5e-3, overlapped=True) == pytest.approx(4.5e-3)  # a GPU
+    with pytest.raises(ValueError, match="launch_s must be a finite number > 0"):
+        calc.launch_floor_s(10, 0)
+    with pytest.raises(ValueError, match="launches_per_step"):
+        calc.launch_floor_s(-1, 1e-6)
+
+
+def test_launch_cost_is_microseconds_per_op():
+    s = launch.measure_launch_cost(ops=200, repeats=2)
+    assert 0 < s < 1e-3
+
+
+def test_profiler_counts_one_decode_step_without_the_prefill():
+    model = tiny()
+    prompt = [3, 4, 5, 6]
+    c = launch.count_step_ops(model, prompt, steps=2, compile=False, cuda_graph=False)
+    # every layer issues its norm, projections, RoPE, cache write, attention, MLP and adds
+    per_layer_at_least = 8
+    assert c.host_ops >= per_layer_at_least * model.config.num_layers
+    assert c.launches == c.host_ops and c.kernels >= c.host_ops  # a CPU: nested ops included
+    again = launch.count_step_ops(model, prompt, steps=4, compile=False, cuda_graph=False)
+    assert again.host_ops == c.host_ops  # per step: the same whatever the steps counted
+
+
+def test_launch_wall_table_and_summary_on_a_cpu():
+    model = tiny()
+    wall = measure.LaunchWall(model, bandwidth_bytes_per_s=10e9, prompt_len=4, steps=2,
+                              count_steps=2, rounds=1)
+    assert not wall.overlapped and wall.weight_bytes == measure.matmul_params(model.config) * 4
+    run = wall.measure("eager")
+    assert run.step_s > 0 and wall.run("eager") is run
+    assert wall.predicted_s(run) == pytest.approx(wall.bytes_floor_s + wall.launch_floor_s(run))
+    table = wall.table()
+    assert "eager" in table and "the two floors added" in table
+    assert any("bytes floor" in line for line in wall.summary())
+    assert wall.count("eager") is wall.count("eager")  # counted once
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        wall.count("CUDA graph")
+    with pytest.raises(ValueError, match="a variant is one of"):
+        wall.measure("fast")
+    with pytest.raises(KeyError, match="no 'compiled' run measured"):
+        wall.run("compiled")
+    with pytest.raises(ValueError, match="bandwidth_bytes_per_s must be"):
+        measure.LaunchWall(model, bandwidth_bytes_per_s=0)
+
+
+def test_default_variants_follow_the_device():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert launch.default_variants(cpu) == ("eager", "compiled")
+    assert launch.default_variants(cpu, quick=True) == ("eager",)
+    assert launch.default_variants(gpu) == ("eager", "compiled", "CUDA graph", "compiled + CUDA graph")
+    assert launch.default_variants(gpu, quick=True) == ("eager", "CUDA graph")
+
+
+@needs_cuda
+def test_on_a_gpu_a_cuda_graph_keeps_the_kernels_and_drops_the_launches():
+    model = tiny("cuda")
+    wall = measure.LaunchWall(model, bandwidth_bytes_per_s=1e12, prompt_len=8, steps=8,
+                              count_steps=4, rounds=2)
+    eager, graph = wall.measure("eager"), wall.measure("CUDA graph")
+    assert wall.overlapped and eager.kernels > 0
+    assert eager.launches >= 0.5 * eager.kernels   # eager: about a launch per kernel
+    assert graph.launches <= 10                    # inputs, one replay, the argmax
+    assert graph.kernels >= 0.5 * eager.kernels    # the same step's kernels, replayed
+    assert wall.predicted_s(eager) == pytest.approx(max(wall.bytes_floor_s, wall.launch_floor_s(eager)))
+    print(wall.table())
+
+
+@needs_cuda
+def test_on_a_gpu_everything_defaults_to_it():
+    from minillm import perf
+
+    dev = devices.default_device()
+    assert dev.type == "cuda" and devices.default_dtype() == torch.bfloat16
+    op = measure.measure_matvec(256, 128, repeats=1)
+    assert op.device == str(dev) and op.dtype == "bfloat16"
+    assert measure.measure_attention_decode(1, 64, repeats=1).device == str(dev)
+    assert minillm_kv_device() == dev
+    profile = perf.measure_machine(bandwidth_bytes=1 << 24, matvec_bytes=1 << 24, matmul_n=256,
+                                   repeats=1, refresh=True)
+    measure.format_table([op], profile)  # same device: no ValueError
+    naive = measure.attention_peak_growth("naive_attention", 1024)
+    tiled = measure.attention_peak_growth("tiled_attention", 1024)
+    assert naive > 2 * 9 * 1024 * 1024 * 4 and tiled < naive / 4  # T² against T
+
+
+def minillm_kv_device():
+    import minillm
+
+    return minillm.KVCache(ModelConfig.tiny(), 1, 8).k[0].device
