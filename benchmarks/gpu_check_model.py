@@ -360,6 +360,7 @@ def check_serving(run) -> None:
 # test_lab03's Triton tests run Lab 03's scaffold kernel (minillm.kernels.lab) with the
 # reference inner loop and the student-mistake loops through the check.
 TEST_FILES = [("tests/test_spec.py", "not slow", ""), ("tests/test_triton_backend.py", "", ""),
+              ("tests/test_glue_kernels.py", "", ""),
               ("tests/test_cuda_graph.py", "not slow", ""),
               ("tests/test_lab03.py", "", "triton or lab_kernel"),
               ("tests/test_w4a16.py", "", ""), ("tests/test_kernels.py", "", "")]
