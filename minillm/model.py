@@ -19,7 +19,9 @@ Two fusions keep batch-1 decode close to the memory roofline on a CPU: q|k|v is 
 products instead of seven. The math is unchanged. The elementwise glue between the products
 (RMSNorm, the residual add and the norm after it, RoPE, SiLU·up) goes through
 `minillm.layers.fused`: one C++ pass per group on a CPU, one Triton kernel per group on
-CUDA (eager), the plain PyTorch ops elsewhere. A context that owns a cache may hand each
+CUDA (eager), the plain PyTorch ops elsewhere. The model's loop leaves each layer's last
+residual add open (`DecoderLayer.forward_open`) for the next layer's norm to add in its
+pass; `layer(x)` alone still returns the sum. A context that owns a cache may hand each
 layer a `fused.KVWrite` (`ctx.kv_write(layer)`): RoPE then stores the layer's K/V in the
 same pass, and `attend` is told so (`kv_stored=True`).
 """
@@ -128,10 +130,23 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, cos, sin, ctx, layer_idx):
+        x, delta = self.forward_open(x, None, cos, sin, ctx, layer_idx)
+        return x + delta
+
+    def forward_open(self, x, delta, cos, sin, ctx, layer_idx):
+        """The layer with its last residual add left open: the input is x + delta (delta:
+        the previous layer's MLP output, or None), the output is the pair (x, mlp) whose sum
+        is `forward`'s result. The model's loop hands the pair to the next layer, whose
+        input norm adds it in its own pass (`add_forward`): one kernel per layer fewer on a
+        GPU, the same bits everywhere (the sum is rounded once, as `x + delta`)."""
+        if delta is None:
+            h = self.input_norm(x)
+        else:
+            x, h = self.input_norm.add_forward(x, delta)
         # x + attn, then its norm, in one pass (minillm.layers.fused).
         x, h = self.post_attention_norm.add_forward(
-            x, self.attn(self.input_norm(x), cos, sin, ctx, layer_idx))
-        return x + self.mlp(h)
+            x, self.attn(h, cos, sin, ctx, layer_idx))
+        return x, self.mlp(h)
 
 
 class LlamaModel(nn.Module):
@@ -254,10 +269,10 @@ class LlamaModel(nn.Module):
         """Embedding and the first `num_layers` decoder layers (all by default), before the
         final norm; no argument checks."""
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        x = self.embed_tokens(input_ids)
+        x, delta = self.embed_tokens(input_ids), None
         for i, layer in enumerate(self.layers[:num_layers]):
-            x = layer(x, cos, sin, ctx, i)
-        return x
+            x, delta = layer.forward_open(x, delta, cos, sin, ctx, i)
+        return x if delta is None else x + delta
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx,
             last_only: bool = False) -> torch.Tensor:

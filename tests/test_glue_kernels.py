@@ -141,6 +141,11 @@ def test_rope_and_the_kv_store_match_the_plain_path(gen, dtype, n, num_q, num_kv
     again = heads.clone()
     glue.rope_kv(again, num_q, num_kv, cos, sin)
     assert torch.equal(again, got)
+    # Tables in the heads' dtype (a model cast whole with .to(dtype)): x * cos is rounded.
+    c, s = cos.to(dtype), sin.to(dtype)
+    again = glue.rope_kv(heads.clone(), num_q, num_kv, c, s)
+    rotated = apply_rope(heads[None, :, :num_q + num_kv], c[None], s[None])[0]
+    torch.testing.assert_close(again[:, :num_q + num_kv], rotated, **TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -175,9 +180,12 @@ def test_bad_arguments_get_clear_errors():
         glue.rope_kv(heads, 9, 3, cos, cos, (cache, cache, torch.zeros(3, device=DEVICE)))
 
 
-def test_where_the_kernels_apply():
+def test_where_the_kernels_apply(monkeypatch):
     x = torch.randn(2, 8, device=DEVICE)
-    assert fused.triton_applies(x)
+    assert fused.triton_applies(x) and fused.stores_kv(x)
+    with monkeypatch.context() as mp:
+        mp.setattr(fused, "TRITON_GLUE", False)  # MINILLM_TRITON_GLUE=0
+        assert not fused.triton_applies(x) and not fused.stores_kv(x)
     assert not fused.triton_applies(x, torch.ones(8, device=DEVICE, dtype=torch.float16))
     assert not fused.triton_applies(x.double())
     w = torch.ones(8, device=DEVICE, requires_grad=True)
@@ -275,9 +283,10 @@ def test_glue_kernels_compile_for_cuda_sm90_without_a_gpu():
         for has_delta in (False, True):
             build(glue._rms_norm_kernel, dict(X=bf, Delta=bf, W=bf, Out=bf, Sum=bf, eps="fp32"),
                   dict(HAS_DELTA=has_delta, BLOCK=1024), 4)
-        for write, slots in ((True, "*i64"), (True, "*i32"), (False, bf)):
-            build(glue._rope_kv_kernel, dict(Heads=bf, Cos="*fp32", Sin="*fp32", KC=bf, VC=bf,
-                  Slots=slots), dict(WRITE_KV=write, BLOCK_H=16, BLOCK_HALF=32), 2)
+        for write, slots, table in ((True, "*i64", "*fp32"), (True, "*i32", bf), (False, bf, "*fp32")):
+            build(glue._rope_kv_kernel, dict(Heads=bf, Cos=table, Sin=table, KC=bf, VC=bf,
+                  Slots=slots), dict(WRITE_KV=write, ROUND_PRODUCT=table == bf, BLOCK_H=16,
+                  BLOCK_HALF=32), 2)
         build(glue._silu_mul_kernel, dict(GateUp=bf, Out=bf), dict(BLOCK=1024), 4)
         print("compiled")
     """)
@@ -304,10 +313,12 @@ def cuda_kernels(fn) -> int:
 
 
 @needs_cuda
-def test_a_decode_step_runs_about_ten_kernels_per_layer():
+def test_a_decode_step_runs_about_nine_kernels_per_layer():
     """SmolLM2's shapes (random weights, bf16, Triton attention): the glue cuts a layer from
-    ~22 kernels to ~10 (norm, qkv, rope+store, attention, o_proj, add+norm, gate_up,
-    silu_mul, down, residual add); the captured graph replays the same kernels."""
+    ~22 kernels to ~9 (add+norm, qkv, rope+store, attention, o_proj, add+norm, gate_up,
+    silu_mul, down; the residual add is the next layer's norm), plus ~10 per step
+    (embedding, RoPE tables, slots, lengths, final add, norm, LM head); the captured graph
+    replays the same kernels."""
     config = ModelConfig.smollm2_135m()
     model = LlamaModel(config).init_random_weights(seed=0, std=0.02).eval()
     model = model.to(device=DEVICE, dtype=torch.bfloat16).set_attn_backend("triton")

@@ -6,8 +6,11 @@ PyTorch runs the glue as ~18 kernels per layer (an RMSNorm in bf16 alone is ~7: 
 mean, add, rsqrt, mul, cast, mul; RoPE is roll, mul, addcmul, cast; the K and V cache
 writes are two more). These kernels do each group in one launch, so a decode layer runs
 
-    rms_norm -> qkv (cuBLAS) -> rope_kv -> attention -> o_proj (cuBLAS)
-    -> add_rms_norm -> gate_up (cuBLAS) -> silu_mul -> down (cuBLAS) -> residual add
+    add_rms_norm -> qkv (cuBLAS) -> rope_kv -> attention -> o_proj (cuBLAS)
+    -> add_rms_norm -> gate_up (cuBLAS) -> silu_mul -> down (cuBLAS)
+
+nine kernels (the first add_rms_norm adds the previous layer's MLP output to the residual
+stream: `DecoderLayer.forward_open`). The kernels:
 
     rms_norm(x, w, eps)                  RMSNorm of each row
     add_rms_norm(x, delta, w, eps)       (x + delta, RMSNorm(x + delta)): the residual add too
@@ -21,7 +24,8 @@ writes are two more). These kernels do each group in one launch, so a decode lay
 The math is the plain PyTorch of `minillm.layers.fused` (the reference, which `fused`
 dispatches to these on CUDA): fp32 arithmetic, rounded to the model dtype exactly where the
 plain expressions round (the sum x + delta; the normalized row before the weight in 16-bit
-dtypes; silu(gate) before the product with up; RoPE once, at the end, with fp32 tables). So
+dtypes; silu(gate) before the product with up; RoPE at the end, and x * cos too where the
+tables are in the model dtype rather than fp32). So
 the results agree with the plain ops to a unit in the last place of the dtype (the order of
 the mean's sum, and exp / rsqrt, may differ by fp32 ulps).
 
@@ -81,8 +85,8 @@ def _rms_norm_kernel(X, Delta, W, Out, Sum, width, eps,
 def _rope_kv_kernel(Heads, Cos, Sin, KC, VC, Slots,
                     num_q, num_rot, num_heads, half,
                     stride_hr, stride_hh, stride_cr, stride_sr,
-                    stride_ks, stride_kh, stride_vs, stride_vh,
-                    WRITE_KV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                    stride_ks, stride_kh, stride_vs, stride_vh, WRITE_KV: tl.constexpr,
+                    ROUND_PRODUCT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_HALF)[None, :]
@@ -92,14 +96,20 @@ def _rope_kv_kernel(Heads, Cos, Sin, KC, VC, Slots,
     x_ptr = Heads + row * stride_hr + h.to(tl.int64) * stride_hh + d
     x1 = tl.load(x_ptr, mask=in_row, other=0.0)
     x2 = tl.load(x_ptr + half, mask=in_row, other=0.0)
-    c1 = tl.load(Cos + row * stride_cr + d, mask=d_ok, other=0.0)
-    c2 = tl.load(Cos + row * stride_cr + half + d, mask=d_ok, other=0.0)
-    s1 = tl.load(Sin + row * stride_sr + d, mask=d_ok, other=0.0)
-    s2 = tl.load(Sin + row * stride_sr + half + d, mask=d_ok, other=0.0)
-    # x * cos + roll(x, D/2) * sin, with sin = [-sin, sin] folded in the table (model.py).
+    c1 = tl.load(Cos + row * stride_cr + d, mask=d_ok, other=0.0).to(tl.float32)
+    c2 = tl.load(Cos + row * stride_cr + half + d, mask=d_ok, other=0.0).to(tl.float32)
+    s1 = tl.load(Sin + row * stride_sr + d, mask=d_ok, other=0.0).to(tl.float32)
+    s2 = tl.load(Sin + row * stride_sr + half + d, mask=d_ok, other=0.0).to(tl.float32)
+    # addcmul(x * cos, roll(x, D/2), sin), with sin = [-sin, sin] folded in the table
+    # (model.apply_rope). Tables in the heads' dtype (a model cast whole by .to(dtype)) make
+    # x * cos a product of that dtype, rounded before the sum.
     x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
-    y1 = (x1f * c1 + x2f * s1).to(Heads.dtype.element_ty)
-    y2 = (x2f * c2 + x1f * s2).to(Heads.dtype.element_ty)
+    p1, p2 = x1f * c1, x2f * c2
+    if ROUND_PRODUCT:
+        p1 = p1.to(Heads.dtype.element_ty).to(tl.float32)
+        p2 = p2.to(Heads.dtype.element_ty).to(tl.float32)
+    y1 = (p1 + x2f * s1).to(Heads.dtype.element_ty)
+    y2 = (p2 + x1f * s2).to(Heads.dtype.element_ty)
     tl.store(x_ptr, y1, mask=rotated)
     tl.store(x_ptr + half, y2, mask=rotated)
     if WRITE_KV:
@@ -179,8 +189,8 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
 def rope_kv(heads: torch.Tensor, num_q: int, num_kv: int, cos: torch.Tensor, sin: torch.Tensor,
             kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """RoPE in place on the first num_q + num_kv heads of heads [N, num_q + 2 num_kv, D]
-    (q|k|v of N tokens); cos / sin [N, D] fp32 (`model.rope_cos_sin` rows at each token's
-    position). With kv = (k_cache, v_cache, slot_mapping): caches [num_slots, num_kv, D],
+    (q|k|v of N tokens); cos / sin [N, D] (`model.rope_cos_sin` rows at each token's
+    position), fp32 or heads' dtype. With kv = (k_cache, v_cache, slot_mapping): caches [num_slots, num_kv, D],
     slot_mapping [N] integer; token i's rotated k and its v go to row slot_mapping[i] (in
     the caches' dtype, after rounding to heads' dtype as the plain path does). Returns heads.
     """
@@ -190,9 +200,11 @@ def rope_kv(heads: torch.Tensor, num_q: int, num_kv: int, cos: torch.Tensor, sin
     _rows(heads, "heads")
     n, num_heads, dim = heads.shape
     for name, t in (("cos", cos), ("sin", sin)):
-        if t.shape != (n, dim) or t.dtype != torch.float32 or t.stride(-1) != 1:
-            raise ValueError(f"{name} must be float32 [{n}, {dim}] with a contiguous last "
-                             f"dimension, got {tuple(t.shape)} {t.dtype}")
+        if (t.shape != (n, dim) or t.dtype not in (torch.float32, heads.dtype)
+                or t.dtype != cos.dtype or t.stride(-1) != 1):
+            raise ValueError(f"{name} must be [{n}, {dim}] float32 (or heads' {heads.dtype}, "
+                             f"both alike) with a contiguous last dimension, got "
+                             f"{tuple(t.shape)} {t.dtype}")
     if kv is None:
         kc = vc = slots = heads
         kstr = vstr = (0, 0)
@@ -211,7 +223,7 @@ def rope_kv(heads: torch.Tensor, num_q: int, num_kv: int, cos: torch.Tensor, sin
         _rope_kv_kernel[(n,)](heads, cos, sin, kc, vc, slots, num_q, num_q + num_kv, num_heads,
                               dim // 2, heads.stride(0), heads.stride(1), cos.stride(0),
                               sin.stride(0), *kstr, *vstr, WRITE_KV=kv is not None,
-                              BLOCK_H=bh, BLOCK_HALF=bd, num_warps=_warps(bh * bd))
+                              ROUND_PRODUCT=cos.dtype != torch.float32, BLOCK_H=bh, BLOCK_HALF=bd, num_warps=_warps(bh * bd))
     return heads
 
 

@@ -36,6 +36,7 @@ the same pass, and the context's `attend` skips its own write. Where no kernel a
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +62,10 @@ def applies(x: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling() and load_kernel() is not None)
 
 
-# Tests set this to run the Triton glue on CPU tensors (Triton's interpreter, fp32 / fp16).
+# MINILLM_TRITON_GLUE=0 switches the Triton glue off on CUDA (the plain ops then run: an A/B
+# measurement, `benchmarks/gpu_step_profile.py`). Tests set TRITON_ON_CPU to run the kernels
+# on CPU tensors (Triton's interpreter, fp32 / fp16).
+TRITON_GLUE = os.environ.get("MINILLM_TRITON_GLUE", "1") != "0"
 TRITON_ON_CPU = False
 _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -70,7 +74,7 @@ def triton_applies(*tensors: torch.Tensor) -> bool:
     """Would the glue on these tensors run the Triton kernels? (CUDA, eager, no autograd.)"""
     x = tensors[0]
     on_device = x.is_cuda or (TRITON_ON_CPU and x.dtype != torch.bfloat16)  # interpreter: no bf16
-    return (on_device and not torch.compiler.is_compiling()
+    return (on_device and TRITON_GLUE and not torch.compiler.is_compiling()
             and all(t.dtype == x.dtype and t.device == x.device for t in tensors)
             and x.dtype in _TRITON_DTYPES
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
@@ -143,7 +147,8 @@ def rope_(heads: torch.Tensor, num_rotated: int, cos: torch.Tensor, sin: torch.T
     B, T, H, D = heads.shape
     num_kv = H - num_rotated
     if (triton_applies(heads) and heads.is_contiguous() and D % 2 == 0 and num_kv <= num_rotated
-            and cos.dtype == sin.dtype == torch.float32 and cos.device == heads.device):
+            and cos.dtype == sin.dtype and cos.dtype in (torch.float32, heads.dtype)
+            and cos.device == heads.device):
         kv = None if kv_write is None else (kv_write.k_cache, kv_write.v_cache,
                                             kv_write.slot_mapping)
         _glue().rope_kv(heads.view(B * T, H, D), num_rotated - num_kv, num_kv,
