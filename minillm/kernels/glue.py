@@ -190,9 +190,10 @@ def rope_kv(heads: torch.Tensor, num_q: int, num_kv: int, cos: torch.Tensor, sin
             kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """RoPE in place on the first num_q + num_kv heads of heads [N, num_q + 2 num_kv, D]
     (q|k|v of N tokens); cos / sin [N, D] (`model.rope_cos_sin` rows at each token's
-    position), fp32 or heads' dtype. With kv = (k_cache, v_cache, slot_mapping): caches [num_slots, num_kv, D],
-    slot_mapping [N] integer; token i's rotated k and its v go to row slot_mapping[i] (in
-    the caches' dtype, after rounding to heads' dtype as the plain path does). Returns heads.
+    position), fp32 or heads' dtype. With kv = (k_cache, v_cache, slot_mapping): caches
+    [num_slots, num_kv, D], slot_mapping [N] integer; token i's rotated k and its v go to
+    row slot_mapping[i] (in the caches' dtype, after rounding to heads' dtype as the plain
+    path does). Returns heads.
     """
     if heads.dim() != 3 or heads.shape[1] != num_q + 2 * num_kv or heads.shape[2] % 2:
         raise ValueError(f"heads must be [N, num_q + 2 * num_kv = {num_q + 2 * num_kv}, D] with "
@@ -223,7 +224,8 @@ def rope_kv(heads: torch.Tensor, num_q: int, num_kv: int, cos: torch.Tensor, sin
         _rope_kv_kernel[(n,)](heads, cos, sin, kc, vc, slots, num_q, num_q + num_kv, num_heads,
                               dim // 2, heads.stride(0), heads.stride(1), cos.stride(0),
                               sin.stride(0), *kstr, *vstr, WRITE_KV=kv is not None,
-                              ROUND_PRODUCT=cos.dtype != torch.float32, BLOCK_H=bh, BLOCK_HALF=bd, num_warps=_warps(bh * bd))
+                              ROUND_PRODUCT=cos.dtype != torch.float32, BLOCK_H=bh,
+                              BLOCK_HALF=bd, num_warps=_warps(bh * bd))
     return heads
 
 

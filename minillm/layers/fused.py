@@ -97,8 +97,8 @@ class KVWrite:
     def store(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """The plain write of k, v [..., Hkv, D] (N tokens): what `rope_` does in its pass."""
         hkv, dim = self.k_cache.shape[1:]
-        self.k_cache.index_copy_(0, self.slot_mapping, k.reshape(-1, hkv, dim).to(self.k_cache.dtype))
-        self.v_cache.index_copy_(0, self.slot_mapping, v.reshape(-1, hkv, dim).to(self.v_cache.dtype))
+        for cache, new in ((self.k_cache, k), (self.v_cache, v)):
+            cache.index_copy_(0, self.slot_mapping, new.reshape(-1, hkv, dim).to(cache.dtype))
 
 
 def stores_kv(cache: torch.Tensor) -> bool:
