@@ -360,8 +360,9 @@ def check_serving(run) -> None:
 # test_lab03's Triton tests run Lab 03's scaffold kernel (minillm.kernels.lab) with the
 # reference inner loop and the student-mistake loops through the check.
 TEST_FILES = [("tests/test_spec.py", "not slow", ""), ("tests/test_cuda_graph.py", "not slow", ""),
-              ("tests/test_w4a16.py", "", ""), ("tests/test_triton_backend.py", "", ""),
-              ("tests/test_kernels.py", "", ""), ("tests/test_tuning.py", "not slow", ""),
+              ("tests/test_glue_kernels.py", "", ""), ("tests/test_w4a16.py", "", ""),
+              ("tests/test_triton_backend.py", "", ""), ("tests/test_kernels.py", "", ""),
+              ("tests/test_tuning.py", "not slow", ""),
               # one device per process (issue 28): the launch wall's CUDA counts, the
               # defaults on a GPU, MINILLM_DEVICE=cpu keeping every lab's code off the GPU
               ("tests/test_launch_wall.py", "", ""), ("tests/test_devices.py", "", ""),

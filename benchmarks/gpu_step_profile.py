@@ -16,6 +16,10 @@ eager one, ~900 launches and the GPU idle most of the time.
 
     python benchmarks/gpu_step_profile.py [--steps 32] [--batch 64] [--out FILE]
 
+The glue between the weight products runs as Triton kernels on CUDA (`minillm.kernels.glue`,
+~9 kernels per layer); MINILLM_TRITON_GLUE=0 runs the plain PyTorch ops instead (~22), for
+the comparison.
+
 Needs a CUDA GPU (it prints one line and exits 0 without one).
 """
 from __future__ import annotations
@@ -115,6 +119,9 @@ def main() -> int:
              f"engine graph, {args.batch}": lambda: engine_step(model, args.batch, False)}
     if args.compiled:
         cases["generate graph, compiled"] = lambda: generate_step(model, True, compile=True)
+    print(f"glue between the weight products: "
+          f"{'Triton kernels' if minillm.layers.fused.TRITON_GLUE else 'plain PyTorch ops'}"
+          f" (MINILLM_TRITON_GLUE=0 / 1)", flush=True)
     rows = {}
     for name, make in cases.items():
         rows[name] = profiled(make(), args.steps)
@@ -125,6 +132,7 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch":
                                     torch.__version__, "steps": args.steps,
+                                    "triton_glue": minillm.layers.fused.TRITON_GLUE,
                                     "random_weights": args.random_weights, "rows": rows},
                                    indent=1) + "\n")
     print(f"wrote {args.out}")

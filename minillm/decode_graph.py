@@ -10,6 +10,9 @@ by hand. Prefill stays eager.
 What a graph needs is that every tensor it touches keeps its address and shape:
 - a static KV cache of `capacity` tokens per row (a power of two >= what the request
   needs, at least 256), allocated once; prefill writes the prompt's K/V into it eagerly;
+- this step's K/V written at each row's position on the device: by `index_put_`, or, where
+  the Triton glue runs (CUDA, not compiled), by RoPE's kernel through slots
+  b * capacity + position (the cache viewed as [B * capacity, Hkv, D]: `kv_write`);
 - static input buffers `input_ids [B, 1]` and `positions [B, 1]`, set before each replay
   with `fill_` (a kernel argument, no host-to-device copy);
 - attention over the fixed-size cache, the length taken from `positions` on the device:
@@ -36,6 +39,7 @@ import torch
 
 from .attention import ContiguousCacheContext, decode_attention
 from .kv_cache import KVCache
+from .layers import fused
 
 MIN_CAPACITY = 256
 _WARNED: set[str] = set()
@@ -82,16 +86,27 @@ class StaticCacheContext:
         """rows: arange(B) (static); positions [B]: where each row's new token goes."""
         self.backend, self.cache, self.rows, self.positions = backend, cache, rows, positions
         self.paged = getattr(backend, "graph_safe", False)
+        self.slot_mapping = None  # row b's new token: slot b * capacity + position b
+        if fused.stores_kv(cache.k[0]):  # the Triton glue stores K/V in RoPE's pass
+            self.slot_mapping = torch.add(positions, rows, alpha=cache.max_seq_len)
         if self.paged:  # the cache as a paged one: row b is block b, of capacity tokens
             self.block_tables, self.context_lens = rows[:, None].int(), (positions + 1).int()
         else:
             keys = torch.arange(cache.max_seq_len, device=positions.device)
             self.key_mask = keys[None, :] <= positions[:, None]
 
-    def attend(self, layer_idx, q, k, v):  # q [B, 1, Hq, D], k/v [B, 1, Hkv, D]
+    def kv_write(self, layer_idx):
+        """The cache viewed as rows [B * capacity, Hkv, D], for RoPE's pass (or None)."""
+        if self.slot_mapping is None:
+            return None
         k_cache, v_cache = self.cache.k[layer_idx], self.cache.v[layer_idx]
-        k_cache.index_put_((self.rows, self.positions), k[:, 0])
-        v_cache.index_put_((self.rows, self.positions), v[:, 0])
+        return fused.KVWrite(k_cache.flatten(0, 1), v_cache.flatten(0, 1), self.slot_mapping)
+
+    def attend(self, layer_idx, q, k, v, kv_stored=False):  # q [B, 1, Hq, D], k/v [B, 1, Hkv, D]
+        k_cache, v_cache = self.cache.k[layer_idx], self.cache.v[layer_idx]
+        if not kv_stored:
+            k_cache.index_put_((self.rows, self.positions), k[:, 0])
+            v_cache.index_put_((self.rows, self.positions), v[:, 0])
         if self.paged:
             out = self.backend.paged_decode(q[:, 0], k_cache, v_cache, self.block_tables,
                                             self.context_lens)

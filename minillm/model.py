@@ -18,7 +18,12 @@ Two fusions keep batch-1 decode close to the memory roofline on a CPU: q|k|v is 
 (`qkv_proj`) and gate|up is one matrix (`gate_up_proj`), so each layer does four matrix
 products instead of seven. The math is unchanged. The elementwise glue between the products
 (RMSNorm, the residual add and the norm after it, RoPE, SiLU·up) goes through
-`minillm.layers.fused`: one C++ pass per group on a CPU, the plain PyTorch ops elsewhere.
+`minillm.layers.fused`: one C++ pass per group on a CPU, one Triton kernel per group on
+CUDA (eager), the plain PyTorch ops elsewhere. The model's loop leaves each layer's last
+residual add open (`DecoderLayer.forward_open`) for the next layer's norm to add in its
+pass; `layer(x)` alone still returns the sum. A context that owns a cache may hand each
+layer a `fused.KVWrite` (`ctx.kv_write(layer)`): RoPE then stores the layer's K/V in the
+same pass, and `attend` is told so (`kv_stored=True`).
 """
 from __future__ import annotations
 
@@ -79,21 +84,27 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(config.hidden_size, config.q_size + 2 * config.kv_size)
         self.o_proj = Linear(config.q_size, config.hidden_size)
 
-    def qkv(self, x, cos, sin):
-        """Project and rotate: q [B,T,Hq,D], k/v [B,T,Hkv,D]. Exposed for Lab 02."""
+    def qkv(self, x, cos, sin, kv_write=None):
+        """Project and rotate: q [B,T,Hq,D], k/v [B,T,Hkv,D]. With kv_write (a
+        `fused.KVWrite` from the attention context), k and v are also stored in the cache.
+        Exposed for Lab 02."""
         c = self.config
         B, T, _ = x.shape
         heads = self.qkv_proj(x).view(B, T, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
         n = c.num_heads + c.num_kv_heads
-        if fused.rope_(heads, n, cos, sin) is not None:  # rotated in place, in one pass
+        if fused.rope_(heads, n, cos, sin, kv_write) is not None:  # in place, in one pass
             return heads[:, :, :c.num_heads], heads[:, :, c.num_heads:n], heads[:, :, n:]
         # Rotate q and k heads in one call (fewer small ops per decode step).
         qk = apply_rope(heads[:, :, :n], cos, sin)
-        return qk[:, :, :c.num_heads], qk[:, :, c.num_heads:], heads[:, :, n:]
+        q, k, v = qk[:, :, :c.num_heads], qk[:, :, c.num_heads:], heads[:, :, n:]
+        if kv_write is not None:
+            kv_write.store(k, v)
+        return q, k, v
 
     def forward(self, x, cos, sin, ctx, layer_idx: int):
-        q, k, v = self.qkv(x, cos, sin)
-        out = ctx.attend(layer_idx, q, k, v)  # [B, T, Hq, D]
+        kv_write = ctx.kv_write(layer_idx)  # None: attend stores K/V itself
+        q, k, v = self.qkv(x, cos, sin, kv_write)
+        out = ctx.attend(layer_idx, q, k, v, kv_stored=kv_write is not None)  # [B, T, Hq, D]
         return self.o_proj(out.reshape(x.shape[0], x.shape[1], self.config.q_size))
 
 
@@ -119,10 +130,23 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, cos, sin, ctx, layer_idx):
+        x, delta = self.forward_open(x, None, cos, sin, ctx, layer_idx)
+        return x + delta
+
+    def forward_open(self, x, delta, cos, sin, ctx, layer_idx):
+        """The layer with its last residual add left open: the input is x + delta (delta:
+        the previous layer's MLP output, or None), the output is the pair (x, mlp) whose sum
+        is `forward`'s result. The model's loop hands the pair to the next layer, whose
+        input norm adds it in its own pass (`add_forward`): one kernel per layer fewer on a
+        GPU, the same bits everywhere (the sum is rounded once, as `x + delta`)."""
+        if delta is None:
+            h = self.input_norm(x)
+        else:
+            x, h = self.input_norm.add_forward(x, delta)
         # x + attn, then its norm, in one pass (minillm.layers.fused).
         x, h = self.post_attention_norm.add_forward(
-            x, self.attn(self.input_norm(x), cos, sin, ctx, layer_idx))
-        return x + self.mlp(h)
+            x, self.attn(h, cos, sin, ctx, layer_idx))
+        return x, self.mlp(h)
 
 
 class LlamaModel(nn.Module):
@@ -259,10 +283,10 @@ class LlamaModel(nn.Module):
         """Embedding and the first `num_layers` decoder layers (all by default), before the
         final norm; no argument checks."""
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        x = self.embed_tokens(input_ids)
+        x, delta = self.embed_tokens(input_ids), None
         for i, layer in enumerate(self.layers[:num_layers]):
-            x = layer(x, cos, sin, ctx, i)
-        return x
+            x, delta = layer.forward_open(x, delta, cos, sin, ctx, i)
+        return x if delta is None else x + delta
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx,
             last_only: bool = False) -> torch.Tensor:

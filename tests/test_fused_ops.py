@@ -160,3 +160,26 @@ def test_fused_engine_step_equals_the_unfused_one(smollm, monkeypatch):
     fused_tokens = serve()
     monkeypatch.setattr(fused, "load_kernel", lambda: None)
     assert serve() == fused_tokens
+
+
+@pytest.mark.parametrize("cpp", [True, False])
+def test_the_open_residual_add_changes_no_bit(monkeypatch, cpp):
+    """The model's loop leaves each layer's last residual add open and the next layer's norm
+    adds it (`DecoderLayer.forward_open`): the same bits as running `layer(x)` one by one, with
+    the C++ glue and without it."""
+    from minillm import LlamaModel, ModelConfig
+    from minillm.attention import NoCacheContext
+
+    if not cpp:
+        monkeypatch.setattr(fused, "load_kernel", lambda: None)
+    model = LlamaModel(ModelConfig.tiny(num_layers=3)).init_random_weights(seed=4)
+    model = model.eval().requires_grad_(False)  # so that the C++ applies to the weights
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(6))
+    positions = torch.arange(9).expand(2, 9)
+    ctx = NoCacheContext(model.attn_backend)
+    cos, sin = model.rope_cos[positions], model.rope_sin[positions]
+    x = model.embed_tokens(ids)
+    for i, layer in enumerate(model.layers):
+        x = layer(x, cos, sin, ctx, i)
+    assert torch.equal(model._run_layers(ids, positions, ctx), x)
+    assert torch.equal(model.hidden_states(ids), model.norm(x))

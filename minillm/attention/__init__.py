@@ -1,8 +1,9 @@
 """Attention: every way the model's attention is stored and computed, in one package.
 
-The model computes q, k, v and RoPE, then calls `ctx.attend(layer_idx, q, k, v)` on an
-*attention context*, which decides where K/V live and calls a *backend*, which decides how
-attention is computed. Contexts own storage; backends own math.
+The model computes q, k, v and RoPE, then calls `ctx.attend(layer_idx, q, k, v, kv_stored)`
+on an *attention context*, which decides where K/V live and calls a *backend*, which decides
+how attention is computed. Contexts own storage; backends own math. A context may let the
+layer store K/V in RoPE's pass (`ctx.kv_write(layer_idx)`, see `contexts.py`).
 
     backends.py    TorchBackend (SDPA), TritonBackend (FlashAttention kernels), get_backend,
                    decode_attention (one query per sequence, GQA folded)

@@ -1,8 +1,11 @@
 """Attention contexts for the contiguous world: where K/V live when there is no paging.
 
 A context owns storage; a backend (`minillm.attention.backends`) owns the math. The model
-calls `ctx.attend(layer_idx, q, k, v)` with q [B, T, Hq, D] and k/v [B, T, Hkv, D] (after
-RoPE) and gets [B, T, Hq, D] back.
+calls `ctx.attend(layer_idx, q, k, v, kv_stored)` with q [B, T, Hq, D] and k/v [B, T, Hkv, D]
+(after RoPE) and gets [B, T, Hq, D] back. Before that it asks `ctx.kv_write(layer_idx)`: a
+context may return a `minillm.layers.fused.KVWrite` (where this step's K/V go), and then the
+layer stores K/V itself (fused with RoPE on CUDA) and calls attend with kv_stored=True;
+None (these two contexts) means attend stores them.
 
 - `NoCacheContext`: full causal attention over this pass's T tokens; nothing is stored.
 - `ContiguousCacheContext`: append this step's K/V to a `KVCache` row block at
@@ -22,7 +25,10 @@ class NoCacheContext:
         self.backend = backend
         self.key_padding_mask = key_padding_mask
 
-    def attend(self, layer_idx, q, k, v):  # [B, T, H, D] in, [B, T, Hq, D] out
+    def kv_write(self, layer_idx):
+        return None  # nothing is stored
+
+    def attend(self, layer_idx, q, k, v, kv_stored=False):  # [B, T, H, D] in, [B, T, Hq, D] out
         out = self.backend.dense(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                  causal=True, key_padding_mask=self.key_padding_mask)
         return out.transpose(1, 2)
@@ -44,7 +50,10 @@ class ContiguousCacheContext:
         self.append_fn = append_fn
         self.attend_fn = attend_fn
 
-    def attend(self, layer_idx, q, k, v):
+    def kv_write(self, layer_idx):
+        return None  # attend appends through append_fn (Lab 02's seam)
+
+    def attend(self, layer_idx, q, k, v, kv_stored=False):
         k_cache, v_cache = self.cache.k[layer_idx], self.cache.v[layer_idx]
         (self.append_fn or kv_cache_append)(k_cache, v_cache, k, v, self.start_pos)
         if self.attend_fn is not None:

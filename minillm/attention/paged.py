@@ -14,7 +14,9 @@ decodes (query_len == 1) FIRST, into tensors shared by every layer:
 
 `PagedAttentionContext.attend(layer, q, k, v)` (q [1, N, Hq, D]) writes this step's K/V
 through slot_mapping first, so a sequence's own new tokens are in the cache when it
-attends, then computes decode rows and prefill rows and returns [1, N, Hq, D].
+attends, then computes decode rows and prefill rows and returns [1, N, Hq, D]. Where the
+Triton glue runs (CUDA), the context hands the layer a `KVWrite` instead (`kv_write`): RoPE
+stores K/V through slot_mapping in its own pass, and attend skips the write.
 
 `build` works on the host (CPU tensors, no device work and no device sync); the engine's
 runner then sends every tensor of the step to the device in one copy (`tensors()`,
@@ -46,6 +48,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ..layers import fused
 from ..paged.kv_cache import PagedKVCache, block_table_tensor
 from . import cpu_decode
 from .backends import decode_attention
@@ -209,15 +212,23 @@ class PagedAttentionContext:
         self.backend, self.kv_cache, self.meta, self.path = backend, kv_cache, metadata, path
         if path == "gather" and metadata.num_decode_tokens and not metadata.decode_groups:
             raise ValueError("the gather path needs metadata built with decode_groups=True")
+        self.glue_stores_kv = fused.stores_kv(kv_cache.k_caches[0])
+
+    def kv_write(self, layer_idx: int) -> fused.KVWrite | None:
+        """Where the layer's RoPE pass stores K/V (the Triton glue), or None: attend does."""
+        if not self.glue_stores_kv:
+            return None
+        return fused.KVWrite(*self.kv_cache.flat(layer_idx), self.meta.slot_mapping)
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor) -> torch.Tensor:
+               v: torch.Tensor, kv_stored: bool = False) -> torch.Tensor:
         m = self.meta
         if q.shape[0] != 1:
             raise ValueError(f"the paged context takes flattened tokens, q [1, N, Hq, D]; "
                              f"got batch {q.shape[0]}")
         q, k, v = q[0], k[0], v[0]
-        self.kv_cache.write(layer_idx, k, v, m.slot_mapping)
+        if not kv_stored:
+            self.kv_cache.write(layer_idx, k, v, m.slot_mapping)
         k_cache, v_cache = self.kv_cache.k_caches[layer_idx], self.kv_cache.v_caches[layer_idx]
         nd = m.num_decode_tokens
         parts = []

@@ -1,4 +1,5 @@
-"""The glue between a layer's weight products, fused on the CPU: one pass per group of ops.
+"""The glue between a layer's weight products, fused: one pass per group of ops (C++ on the
+CPU, Triton on CUDA).
 
 Between its four weight products a Llama layer runs elementwise work: RMSNorm, RoPE on the
 q and k heads, SiLU(gate)·up, the residual adds. Eager PyTorch runs these as ~15 separate
@@ -19,11 +20,24 @@ engine's greedy tokens equal `generate`'s).
 
 `applies(x)` says when the C++ runs: fp32 on the CPU, contiguous, no autograd, the kernel
 built, and not inside `torch.compile` (Inductor fuses the plain expressions itself, and
-they keep the graph free of opaque calls). Anywhere else the reference runs.
+they keep the graph free of opaque calls). `triton_applies(x)` says when the Triton kernels
+of `minillm.kernels.glue` run: CUDA tensors in fp32, fp16 or bf16, no autograd, not inside
+`torch.compile` (tests set `TRITON_ON_CPU` to run them on CPU tensors in Triton's
+interpreter). On CUDA they cut a decode layer from ~22 kernels to ~10, which is what a
+CUDA-graph decode step pays for (see that module). Anywhere else the reference runs.
 `benchmarks/glue.py` times eager ops, the C++ and `torch.compile` at 1 to 512 rows.
+
+RoPE can also store the layer's new K/V: an attention context that owns a cache hands the
+layer a `KVWrite` (`ctx.kv_write(layer)`: the cache viewed as rows [num_slots, Hkv, D] and
+each token's row, its slot); `rope_(..., kv_write)` then rotates q|k and stores k and v in
+the same pass, and the context's `attend` skips its own write. Where no kernel applies,
+`KVWrite.store` is the plain write (`index_copy_`). The CPU's contexts hand out no
+`KVWrite` (`stores_kv` is False there), so the CPU path is the one it always was.
 """
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -48,7 +62,54 @@ def applies(x: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling() and load_kernel() is not None)
 
 
+# MINILLM_TRITON_GLUE=0 switches the Triton glue off on CUDA (the plain ops then run: an A/B
+# measurement, `benchmarks/gpu_step_profile.py`). Tests set TRITON_ON_CPU to run the kernels
+# on CPU tensors (Triton's interpreter, fp32 / fp16).
+TRITON_GLUE = os.environ.get("MINILLM_TRITON_GLUE", "1") != "0"
+TRITON_ON_CPU = False
+_TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def triton_applies(*tensors: torch.Tensor) -> bool:
+    """Would the glue on these tensors run the Triton kernels? (CUDA, eager, no autograd.)"""
+    x = tensors[0]
+    on_device = x.is_cuda or (TRITON_ON_CPU and x.dtype != torch.bfloat16)  # interpreter: no bf16
+    return (on_device and TRITON_GLUE and not torch.compiler.is_compiling()
+            and all(t.dtype == x.dtype and t.device == x.device for t in tensors)
+            and x.dtype in _TRITON_DTYPES
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
+
+
+def _glue():
+    from ..kernels import glue  # imports triton: only once a Triton path is taken
+    return glue
+
+
+@dataclass(frozen=True)
+class KVWrite:
+    """Where a layer's new K/V go: token i's k and v into row slot_mapping[i] of k_cache and
+    v_cache, both viewed as [num_slots, Hkv, D]. An attention context makes one
+    (`ctx.kv_write(layer)`) when the Triton glue will store K/V (`stores_kv`)."""
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slot_mapping: torch.Tensor  # [N] long
+
+    def store(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The plain write of k, v [..., Hkv, D] (N tokens): what `rope_` does in its pass."""
+        hkv, dim = self.k_cache.shape[1:]
+        for cache, new in ((self.k_cache, k), (self.v_cache, v)):
+            cache.index_copy_(0, self.slot_mapping, new.reshape(-1, hkv, dim).to(cache.dtype))
+
+
+def stores_kv(cache: torch.Tensor) -> bool:
+    """Should an attention context over `cache` hand the layers a `KVWrite`? Where the Triton
+    glue runs (RoPE and the K/V store become one kernel); elsewhere its own write stays."""
+    return triton_applies(cache)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if triton_applies(x, weight) and x.stride(-1) == 1 and weight.is_contiguous():
+        return _glue().rms_norm(x, weight, eps)
     if applies(x) and weight.is_contiguous() and not weight.requires_grad:
         return load_kernel().rms_norm(x, weight, eps)
     return rms_norm_ref(x, weight, eps)
@@ -64,6 +125,9 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + delta, rms_norm(x + delta)): the residual add and the norm that reads its sum."""
+    if (triton_applies(x, delta, weight) and delta.shape == x.shape and x.stride(-1) == 1
+            and delta.stride(-1) == 1 and weight.is_contiguous()):
+        return _glue().add_rms_norm(x, delta, weight, eps)
     if (applies(x) and delta.dtype == x.dtype and delta.shape == x.shape
             and delta.is_contiguous() and not delta.requires_grad
             and weight.is_contiguous() and not weight.requires_grad):
@@ -73,23 +137,38 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
     return s, rms_norm_ref(s, weight, eps)
 
 
-def rope_(heads: torch.Tensor, num_rotated: int, cos: torch.Tensor,
-          sin: torch.Tensor) -> torch.Tensor | None:
+def rope_(heads: torch.Tensor, num_rotated: int, cos: torch.Tensor, sin: torch.Tensor,
+          kv_write: KVWrite | None = None) -> torch.Tensor | None:
     """RoPE in place on heads [B, T, H, D] (the first `num_rotated` heads), cos/sin [B, T, D]
-    from `model.rope_cos_sin`. Returns `heads`, or None where the C++ does not apply (the
-    caller then runs `model.apply_rope`, which makes a new tensor)."""
-    D = heads.shape[-1]
+    from `model.rope_cos_sin`. With kv_write, heads is q|k|v (k and v of H - num_rotated
+    heads each) and the rotated k and v are stored too. Returns `heads`, or None where no
+    kernel applies (the caller then runs `model.apply_rope`, which makes a new tensor, and
+    `kv_write.store`)."""
+    B, T, H, D = heads.shape
+    num_kv = H - num_rotated
+    if (triton_applies(heads) and heads.is_contiguous() and D % 2 == 0 and num_kv <= num_rotated
+            and cos.dtype == sin.dtype and cos.dtype in (torch.float32, heads.dtype)
+            and cos.device == heads.device):
+        kv = None if kv_write is None else (kv_write.k_cache, kv_write.v_cache,
+                                            kv_write.slot_mapping)
+        _glue().rope_kv(heads.view(B * T, H, D), num_rotated - num_kv, num_kv,
+                        cos.reshape(B * T, D), sin.reshape(B * T, D), kv)
+        return heads
     if not (applies(heads) and D % 16 == 0 and cos.is_contiguous() and sin.is_contiguous()
             and cos.dtype == sin.dtype == torch.float32):
         return None
     rows = heads.shape[0] * heads.shape[1]
     load_kernel().rope_(heads.view(rows, heads.shape[2], D), num_rotated,
                         cos.reshape(rows, D), sin.reshape(rows, D))
+    if kv_write is not None:
+        kv_write.store(heads[:, :, num_rotated - num_kv:num_rotated], heads[:, :, num_rotated:])
     return heads
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gate_up = [..., gate | up] -> [..., I]."""
+    if triton_applies(gate_up) and gate_up.stride(-1) == 1 and gate_up.shape[-1] % 2 == 0:
+        return _glue().silu_mul(gate_up)
     if applies(gate_up) and gate_up.shape[-1] % 16 == 0:
         return load_kernel().silu_mul(gate_up)
     return silu_mul_ref(gate_up)

@@ -88,6 +88,11 @@ class PagedKVCache:
                                       head_dim, dtype)
         return cls(num_layers, n, block_size, num_kv_heads, head_dim, dtype, device)
 
+    def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer's K and V storage as rows [trash_slot + 1, Hkv, D]: row s is slot s (the
+        view a fused RoPE + K/V store writes through slot_mapping)."""
+        return self._k_flat[layer], self._v_flat[layer]
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor,
               slot_mapping: torch.Tensor | Sequence[int]) -> None:
         """Store k, v `[N, Hkv, D]` of N tokens into their slots `slot_mapping[N]` (a slot
