@@ -129,46 +129,54 @@ def distance(a: dict, b: dict) -> tuple:
             sum(a[k] != b.get(k) for k in a))
 
 
+def _size(cfg) -> tuple:
+    """A rough order of a config's shared memory: try small tiles first."""
+    blocks = [v for k, v in cfg.kwargs.items() if k.startswith("BLOCK")]
+    return (math.prod(blocks) * cfg.num_stages, cfg.num_warps)
+
+
+def options(t: tuning.Tunable, bucket: dict, measured: list[tuple[dict, dict]]) -> list:
+    """(config, source) to try for a bucket nothing measured, best first: the nearest
+    measured buckets' configs, the kernel's default, then every candidate, small first."""
+    out = [(tuning.config_from_dict(entry), f"nearest measured: {tuning.bucket_key(other)}")
+           for other, entry in sorted(measured, key=lambda c: distance(bucket, c[0]))]
+    out.append((t.default, "default"))
+    out += [(c, "least shared memory (the default does not fit)")
+            for c in sorted(t.configs, key=_size)]
+    return out
+
+
 def fill(tables: dict, arch: int) -> int:
-    """Pin every bucket of ``arch`` that has no measured entry; returns how many."""
+    """Pin every bucket of ``arch`` that has no measured entry (the first option that fits,
+    see `options`); returns how many. Compiles in rounds, every core at once: round r
+    compiles the r-th option of every bucket still without a fitting one."""
     kernels = tables[arch]["kernels"]
-    count = 0
+    todo = []  # [name, key, bucket, remaining options]
     for name, t in tuning.tunables().items():
         entries = kernels.setdefault(name, {})
-        candidates = measured_entries(tables, name, arch)
+        measured = measured_entries(tables, name, arch)
         for bucket in t.buckets():
             key = tuning.bucket_key(bucket)
-            if entries.get(key, {}).get("source", "").startswith("measured"):
-                continue
-            entry = None
-            for other, measured in sorted(candidates, key=lambda c: distance(bucket, c[0])):
-                cfg = tuning.config_from_dict(measured)
-                if fits(t, bucket, cfg, arch):
-                    entry = {**tuning.config_to_dict(cfg), "source":
-                             f"nearest measured: {tuning.bucket_key(other)}"}
-                    break
-            if entry is None:
-                entry = fallback_entry(t, bucket, arch)
-            entries[key] = entry
-            count += 1
+            if not entries.get(key, {}).get("source", "").startswith("measured"):
+                todo.append([name, key, bucket, options(t, bucket, measured)])
+    count = len(todo)
+    while todo:
+        precompile([(name, bucket, tuning.config_to_dict(opts[0][0]), arch)
+                    for name, _, bucket, opts in todo])
+        left = []
+        for item in todo:
+            name, key, bucket, opts = item
+            t, (cfg, source) = tuning.tunables()[name], opts.pop(0)
+            if fits(t, bucket, cfg, arch):
+                kernels[name][key] = {**tuning.config_to_dict(cfg), "source": source}
+            elif opts:
+                left.append(item)
+            else:
+                kernels[name][key] = {"unsupported": (
+                    f"no candidate fits the {SHARED_BYTES[arch]} bytes of shared memory of "
+                    f"sm_{arch}")}
+        todo = left
     return count
-
-
-def fallback_entry(t: tuning.Tunable, bucket: dict, arch: int) -> dict:
-    """Nothing measured fits: the default if it fits, else the candidate with the least
-    shared memory that fits, else an `unsupported` entry saying why."""
-    if fits(t, bucket, t.default, arch):
-        return {**tuning.config_to_dict(t.default), "source": "default"}
-    def size(c):  # a rough order of the tiles' shared memory: try small ones first
-        blocks = [v for k, v in c.kwargs.items() if k.startswith("BLOCK")]
-        return (math.prod(blocks) * c.num_stages, c.num_warps)
-    for cfg in sorted(t.configs, key=size):
-        if fits(t, bucket, cfg, arch):
-            return {**tuning.config_to_dict(cfg),
-                    "source": "least shared memory (the default does not fit)"}
-    return {"unsupported": f"no candidate fits the {SHARED_BYTES[arch]} bytes of shared memory "
-                           f"of sm_{arch} (the default needs "
-                           f"{shared_bytes(t, bucket, t.default, arch)})"}
 
 
 def check(tables: dict, arch: int) -> list[str]:

@@ -220,3 +220,12 @@ def test_configs_measured_by_an_earlier_run_are_used_first(compiled_branch, monk
     launched = []
     toy.run({"D": 64, "dt": 16}, launched.append)
     assert [tuning.config_to_dict(c) for c in launched] == [tuning.config_to_dict(fast)]
+
+
+@pytest.mark.parametrize("value,expected", [("0", (False, False)), ("1", (True, True)),
+                                            ("toy_a", (True, False)),
+                                            ("toy_b, toy_a", (True, False))])
+def test_minillm_autotune_names_the_kernels_to_search(monkeypatch, value, expected):
+    monkeypatch.setattr(tuning, "_autotune_override", None)
+    monkeypatch.setenv("MINILLM_AUTOTUNE", value)
+    assert (tuning.autotune_enabled("toy_a"), tuning.autotune_enabled("toy_c")) == expected

@@ -354,7 +354,7 @@ def test_cuda_dispatch_path_runs_on_the_interpreter(gen, monkeypatch):
     monkeypatch.setattr(tuning, "interpreter_enabled", lambda: False)  # take the CUDA branch
     monkeypatch.setattr(wk, "_check_device_dtype", lambda tensors: None)  # CPU tensors
     monkeypatch.setattr(tuning, "device_arch", lambda device=None: 90)
-    monkeypatch.setattr(tuning, "autotune_enabled", lambda: False)
+    monkeypatch.setattr(tuning, "autotune_enabled", lambda name=None: False)
     used = []
     real = wk._launch
     monkeypatch.setattr(wk, "_launch", lambda *a: used.append(a[-1]) or real(*a))

@@ -73,11 +73,17 @@ def load_measured(path: str | Path) -> int:
     return len(rows)
 
 
-def autotune_enabled() -> bool:
-    """True when new buckets are searched (`set_autotune`, else ``MINILLM_AUTOTUNE=1``)."""
+def autotune_enabled(name: str | None = None) -> bool:
+    """True when new buckets of kernel ``name`` are searched: `set_autotune`, else
+    ``MINILLM_AUTOTUNE`` (``1``: every kernel; or comma-separated kernel names)."""
     if _autotune_override is not None:
         return _autotune_override
-    return os.environ.get("MINILLM_AUTOTUNE", "0") not in ("", "0", "false", "no")
+    value = os.environ.get("MINILLM_AUTOTUNE", "0").strip()
+    if value.lower() in ("", "0", "false", "no"):
+        return False
+    if value.lower() in ("1", "true", "yes", "all"):
+        return True
+    return name is not None and name in {v.strip() for v in value.split(",")}
 
 
 def set_autotune(on: bool | None) -> None:
@@ -224,7 +230,7 @@ class Tunable:
             launch(self.interpreter)
             return
         arch, key = device_arch(device), self.check_bucket(bucket)
-        if ((self.name, arch, key) not in _measured and autotune_enabled()
+        if ((self.name, arch, key) not in _measured and autotune_enabled(self.name)
                 and not torch.cuda.is_current_stream_capturing()):
             self._search(arch, key, launch)
         cfg = self.config_for(bucket, device)
