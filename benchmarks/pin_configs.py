@@ -15,7 +15,9 @@ Sources, written into each entry (``minillm.kernels.tuning`` explains the files)
 * ``nearest measured: <bucket>`` - a bucket nothing measured takes the config of the
   nearest measured bucket of the same kernel (same dtype width and head dim first; on
   sm_80 the sm_90 measurements count too) that fits this architecture.
-* ``default`` - nothing measured fits: the kernel's default config.
+* ``analytic (nothing measured near)`` - nothing measured fits: the kernel's own choice
+  for the bucket (``Tunable.analytic``), where it has one.
+* ``default`` - nothing measured fits and no analytic choice: the kernel's default config.
 
 ``--fill`` replaces every entry that is not measured, so carried-over configs follow new
 measurements. ``--check`` exits 1 if a bucket has no entry, an entry is not one of the
@@ -155,8 +157,12 @@ def fill(tables: dict, arch: int) -> int:
 
 
 def fallback_entry(t: tuning.Tunable, bucket: dict, arch: int) -> dict:
-    """Nothing measured fits: the default if it fits, else the candidate with the least
-    shared memory that fits, else an `unsupported` entry saying why."""
+    """Nothing measured fits: the kernel's analytic choice for the bucket if it has one and
+    it fits, else the default if it fits, else the candidate with the least shared memory
+    that fits, else an `unsupported` entry saying why."""
+    if t.analytic is not None and fits(t, bucket, t.analytic(bucket), arch):
+        return {**tuning.config_to_dict(t.analytic(bucket)),
+                "source": "analytic (nothing measured near)"}
     if fits(t, bucket, t.default, arch):
         return {**tuning.config_to_dict(t.default), "source": "default"}
     def size(c):  # a rough order of the tiles' shared memory: try small ones first
