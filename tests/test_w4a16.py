@@ -114,13 +114,15 @@ def test_matches_dequantize_then_matmul(gen, m, n, k, group_size, sym, dtype):
 
 
 # Each path of the kernel with explicit configs: the plane-wise GEMV (BLOCK_M 1; K_THREADS
-# threads per row, 1 to 4; once per x row when M > 1) and the tl.dot tiles (BLOCK_M 16 /
+# threads per row, 1 to 8; once per x row when M > 1) and the tl.dot tiles (BLOCK_M 16 /
 # 32), one split and several (the last split reduces; a split count above the number of K
-# steps leaves some splits empty; 2 splits of 192 columns are not whole 128-column steps).
+# steps leaves some splits empty; 2 splits of 192 columns are not whole 128-column steps,
+# nor is K = 384 a whole number of 256-column steps).
 PATH_CONFIGS = [
     (1, 1, {"BLOCK_N": 64, "SPLIT_K": 1, "K_THREADS": 1}),
     (1, 1, {"BLOCK_N": 32, "SPLIT_K": 2, "K_THREADS": 4}),
     (1, 1, {"BLOCK_N": 64, "SPLIT_K": 3, "K_THREADS": 1}),
+    (1, 1, {"BLOCK_N": 32, "SPLIT_K": 1, "K_THREADS": 8}),
     (1, 1, {"BLOCK_N": 64, "SPLIT_K": 16, "K_THREADS": 2}),
     (1, 3, {"BLOCK_N": 32, "SPLIT_K": 2, "K_THREADS": 2}),
     (16, 5, {"BLOCK_N": 32, "SPLIT_K": 1}), (16, 5, {"BLOCK_N": 64, "SPLIT_K": 4}),
@@ -411,6 +413,7 @@ def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
         for dt, bm, bn, zeros, warps, stages, kt, bk in [
                 ("bf16", 1, 128, True, 4, 1, 2, 64), ("bf16", 1, 64, False, 2, 1, 1, 64),
                 ("fp16", 1, 256, True, 4, 1, 2, 32), ("bf16", 1, 128, True, 8, 1, 4, 64),
+                ("bf16", 1, 64, True, 8, 1, 8, 64), ("fp16", 1, 128, False, 8, 1, 8, 64),
                 ("fp32", 1, 64, True, 4, 1, 2, 64), ("bf16", 1, 64, True, 4, 1, 2, 16),
                 ("bf16", 16, 64, True, 4, 2, 1, 64), ("fp16", 64, 128, False, 4, 3, 1, 64)]:
             types = {n: t.format(dt=dt) for n, t in wk._SIGNATURE.items()}

@@ -31,9 +31,9 @@ Three shapes of work (one kernel; ``BLOCK_M`` and the tunable decide):
   bit 4p, and OR-ed with the exponent of 2^(23 − 4p), which makes the nibble's lowest bit
   worth 1: ``f = 2^(23 − 4p) + u`` with no shift (p = i for planes 0-4; planes 5-7 come
   from the word shifted right by 12 once). Per weight: one LOP3, one FADD (``− (2^(23 −
-  4p) + z)``, exact), one FFMA. x's columns are loaded contiguously (16-byte loads; bf16 as
-  int32 pairs, a bf16 being the top half of its fp32) and split into the eight planes in
-  registers. A warp covers 32 / ``K_THREADS`` rows; a thread loads one 16-byte chunk (32
+  4p) + z)``, exact), one FFMA. x's columns are loaded contiguously (16-byte loads; fp16 /
+  bf16 as int32 pairs, a bf16 being the top half of its fp32) and split into the eight
+  planes in registers. A warp covers 32 / ``K_THREADS`` rows; a thread loads one 16-byte chunk (32
   columns, inside one group) of each of its rows per step, so x is shared by its rows,
   and a step reads ``K_THREADS`` chunks of a row side by side (64 contiguous bytes at 4).
   The accumulator is ``[BLOCK_N, K_THREADS]`` fp32 (a chunk's scale multiplies its sum),
@@ -56,9 +56,10 @@ and its loop waited on a single 16-byte load per thread). The layout traps, avoi
 the candidate tiles: a tensor loaded with at least as many elements as the program has
 threads gets a layout of its own (Triton's coalescing) and is converted through shared
 memory (two barriers) every step, unless that layout happens to be the weight tile's:
-x's step tile is ``8 · 4 · K_THREADS`` values (half as many int32 pairs for bf16), so
-``K_THREADS < warps``; the scales ``[BLOCK_N, K_THREADS]`` load in the weight tile's
-layout by construction (and ``stride_sn`` is not specialized, so that a scale per row,
+x's step tile is ``4 · 4 · K_THREADS`` int32 pairs of fp16 / bf16 (``8 · 4 · K_THREADS``
+fp32), so ``K_THREADS < 2 · warps`` (``< warps`` for fp32 x: correct but converted
+otherwise); the scales ``[BLOCK_N, K_THREADS]`` load in the weight tile's layout by
+construction (and ``stride_sn`` is not specialized, so that a scale per row,
 per-channel, does not look contiguous and get vectorized).
 
 **Split-K.** A 4096 x 4096 weight at BLOCK_N = 128 is only 32 row blocks, a quarter of an
@@ -192,20 +193,20 @@ def _gemv_loads(X, q_rows, s_rows, z_rows, x_row, n_mask, k0, k_end, group_size,
         zc = tl.load(z_rows[:, None] + grp[None, :] * stride_zg, mask=rows_live)
     else:
         zc = s  # unused
-    if X.dtype.element_ty == tl.bfloat16:
-        # x's columns read as int32 pairs [1, K_THREADS, CW, 4] (16-byte loads; the host
-        # makes x's rows contiguous): pair e of word j holds columns 8j + 2e (low half) and
-        # 8j + 2e + 1; a bf16 is the top half of its fp32, so each takes one LOP3 / shift
+    if X.dtype.element_ty.primitive_bitwidth == 16:
+        # x's columns read as int32 pairs [1, K_THREADS, CW, 4] (16-byte loads, half as
+        # many elements as 16-bit values; the host makes x's rows contiguous): pair e of
+        # word j holds columns 8j + 2e (low half) and 8j + 2e + 1
         cols = 4 * offs_w[None, :, :, None] + tl.arange(0, 4)[None, None, None, :]
         xw = tl.load(x_row.to(tl.pointer_type(tl.int32)) + cols, mask=live[None, :, None, None])
         xw = tl.reshape(xw.to(tl.uint32, bitcast=True), [1, K_THREADS, CW, 2, 2])
         xa0, xa1 = tl.split(xw)       # pairs e = 2a + b: b = 0, 1
         xe0, xe2 = tl.split(xa0)      # a
         xe1, xe3 = tl.split(xa1)
-        x0, x1 = _bf16_pair(xe0)
-        x2, x3 = _bf16_pair(xe1)
-        x4, x5 = _bf16_pair(xe2)
-        x6, x7 = _bf16_pair(xe3)
+        x0, x1 = _x_pair(xe0, X.dtype.element_ty)
+        x2, x3 = _x_pair(xe1, X.dtype.element_ty)
+        x4, x5 = _x_pair(xe2, X.dtype.element_ty)
+        x6, x7 = _x_pair(xe3, X.dtype.element_ty)
     else:
         # x's columns as [1, K_THREADS, CW, 8] (contiguous: 16-byte loads), then with the 8
         # as [2, 2, 2] (column 8j + 4a + 2b + c at [.., a, b, c]): three splits
@@ -223,10 +224,15 @@ def _gemv_loads(X, q_rows, s_rows, z_rows, x_row, n_mask, k0, k_end, group_size,
 
 
 @triton.jit
-def _bf16_pair(pair):
-    """Two bf16 packed in a uint32 -> (low, high) as fp32 (a bf16 is an fp32's top half)."""
-    return (pair << 16).to(tl.float32, bitcast=True), \
-        (pair & 0xFFFF0000).to(tl.float32, bitcast=True)
+def _x_pair(pair, dtype: tl.constexpr):
+    """Two 16-bit floats packed in a uint32 -> (low, high) as fp32. A bf16 is the top half
+    of its fp32: one shift or one AND each."""
+    if dtype == tl.bfloat16:
+        return (pair << 16).to(tl.float32, bitcast=True), \
+            (pair & 0xFFFF0000).to(tl.float32, bitcast=True)
+    else:
+        return (pair & 0xFFFF).to(tl.uint16).to(dtype, bitcast=True).to(tl.float32), \
+            (pair >> 16).to(tl.uint16).to(dtype, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -385,17 +391,34 @@ def _gemv_config(bn, warps, k_threads, split, **extra):
 
 
 # The GEMV's tiles (BLOCK_N, warps, K_THREADS): a warp covers 32 / K_THREADS rows with
-# K_THREADS threads each, a thread one 16-byte chunk of R = BLOCK_N * K_THREADS / (32 *
-# warps) rows per step (its x is shared by those rows: 4.4 instructions per weight at R =
-# 4, 5.3 at R = 2, 6.7 at R = 1 in the sm_90 SASS). x's step tile must have fewer
-# elements than the program has threads (32 * K_THREADS < 32 * warps), or Triton loads it
-# in a layout of its own and converts it through shared memory every step.
-_GEMV_TILES = ((64, 2, 1), (128, 2, 1), (64, 4, 2), (128, 4, 2), (256, 4, 2), (128, 8, 4))
+# K_THREADS threads each (16 * K_THREADS contiguous bytes of a row per step), a thread one
+# 16-byte chunk of R = BLOCK_N * K_THREADS / (32 * warps) rows per step (its x is shared
+# by those rows: 4.4 instructions per weight at R = 4, 5.3 at R = 2, 6.7 at R = 1 in the
+# sm_90 SASS, benchmarks/w4a16_sass.py). x's step tile must have fewer elements than the
+# program has threads (16 * K_THREADS int32 pairs < 32 * warps), or Triton loads it in a
+# layout of its own and converts it through shared memory every step.
+_GEMV_TILES = ((64, 2, 1), (128, 2, 1), (64, 4, 2), (128, 4, 2), (256, 4, 2), (128, 8, 4),
+               (64, 8, 8), (128, 8, 8))
 _SPLITS = (1, 2, 4, 8, 16)
+
+
+def _gemv_analytic(b: dict) -> triton.Config:
+    """The GEMV's tiles for a bucket, chosen from its shapes (nothing measured near)."""
+    bn, warps, k_threads, split = {
+        # (N class, K class): a short row (576) wants many small programs, a long one
+        # (4096) 128 contiguous bytes a row per step; ~2 programs per SM, <= ~4 steps each
+        (0, 0): (64, 4, 2, 4), (0, 1): (64, 4, 2, 8),    # 576 x 576: 36 programs
+        (1, 0): (64, 4, 2, 4), (1, 1): (64, 8, 8, 4),    # 3072 x 576: 192; 4096^2: 256
+        (2, 0): (256, 4, 2, 2), (2, 1): (64, 8, 8, 4),   # 49152 x 576: 384; 14336 x 4096
+    }[b["N"], b["K"]]
+    if b["dt"] == 32 and k_threads >= warps:  # fp32 x: twice the x tile (see _GEMV_TILES)
+        bn, k_threads = 128, 4
+    return _gemv_config(bn, warps, k_threads, split)
+
 
 # M = 1 (decode). Buckets: bk (BLOCK_K, from the group size), classes of N (0: <= 1024,
 # 1: <= 8192, 2: more) and of K (0: <= 1024, 1: more), the dtype width. SPLIT_K is a
-# run-time argument: 30 candidates, 6 compiled programs.
+# run-time argument: 40 candidates, 8 compiled programs.
 W4A16_GEMV = tuning.register(tuning.Tunable(
     name="w4a16_gemv", fn=_w4a16_kernel,
     configs=tuple(_gemv_config(*tile, sk) for tile in _GEMV_TILES for sk in _SPLITS),
@@ -405,12 +428,7 @@ W4A16_GEMV = tuning.register(tuning.Tunable(
     signature=_SIGNATURE,
     constexprs=lambda b: {"BLOCK_M": 1, "BLOCK_K": b["bk"], "HAS_ZEROS": True,
                           "ROW_ALIGN": 4, "K_THREADS": 1},
-    analytic=lambda b: _gemv_config(*{
-        # (N class, K class): >= ~2 programs per SM, <= ~4 steps each, ~16 KB+ per program
-        (0, 0): (64, 4, 2, 4), (0, 1): (64, 4, 2, 8),    # 576 x 576, 576 x 1536
-        (1, 0): (64, 4, 2, 4), (1, 1): (128, 4, 2, 16),  # 3072 x 576, 4096 x 4096
-        (2, 0): (256, 4, 2, 2), (2, 1): (128, 4, 2, 8),  # 49152 x 576, 14336 x 4096
-    }[b["N"], b["K"]]),
+    analytic=_gemv_analytic,
 ))
 
 # 2 <= M <= 16 (a speculative verify, a small batch): M classes 4 (2..4 rows) and 16.
@@ -608,9 +626,9 @@ def _launch(x2, qw32, row_align, scales, zeros, out, group_size, block_k, block_
     tunable, warps, stages). Rewrites all of ``out``: it may run several times (autotuning)."""
     opts = tuning.launch_options(cfg)
     block_m, split = opts.pop("BLOCK_M", block_m), opts.pop("SPLIT_K")
-    if block_m == 1 and x2.dtype == torch.bfloat16 and (
+    if block_m == 1 and x2.element_size() == 2 and (
             x2.stride(1) != 1 or x2.stride(0) % 2 or x2.storage_offset() % 2):
-        x2 = x2.clone(memory_format=torch.contiguous_format)  # the GEMV reads bf16 pairs
+        x2 = x2.clone(memory_format=torch.contiguous_format)  # the GEMV reads 16-bit pairs
     m, k = x2.shape
     n = qw32.shape[0]
     n_tiles, m_tiles = triton.cdiv(n, opts["BLOCK_N"]), triton.cdiv(m, block_m)
