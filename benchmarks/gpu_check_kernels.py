@@ -271,13 +271,14 @@ def _config_str(cfg) -> str:
 def check_w4a16(run) -> None:
     dtype = kernel_dtype(run)
     # SmolLM2's MLP and LM head (K = 576) and an 8B model's (K = 4096), at decode's M = 1
-    # and at M = 16 (a speculative verify, a small batch), then the tiled GEMM at 256 and
+    # and at M = 16 (a speculative verify, a small batch), M = 4 once (the small-M class
+    # whose candidates include the GEMV once per row), then the tiled GEMM at 256 and
     # 1024 rows against dequantize-then-matmul; all g64 asymmetric (quantize_model's
     # default). Last, the symmetric layouts of the layout study at M = 1 (a time box cuts
     # those first).
     shapes = [(3072, 576), (49152, 576), (4096, 4096), (14336, 4096)]
     full = [(n, k, m, 64, False) for n, k in shapes for m in (1, 16)] + [
-        (4096, 4096, 256, 64, False), (4096, 4096, 1024, 64, False),
+        (4096, 4096, 4, 64, False), (4096, 4096, 256, 64, False), (4096, 4096, 1024, 64, False),
         (3072, 576, 1, 96, True), (3072, 576, 1, 192, True), (49152, 576, 1, 192, True),
         (4096, 4096, 1, 128, True), (14336, 4096, 1, 128, True)]
     cases = run.pick(full, [(4096, 4096, 1, 64, False), (4096, 4096, 16, 64, False)],

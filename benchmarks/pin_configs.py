@@ -15,7 +15,9 @@ Sources, written into each entry (``minillm.kernels.tuning`` explains the files)
 * ``nearest measured: <bucket>`` - a bucket nothing measured takes the config of the
   nearest measured bucket of the same kernel (same dtype width and head dim first; on
   sm_80 the sm_90 measurements count too) that fits this architecture.
-* ``default`` - nothing measured fits: the kernel's default config.
+* ``analytic (nothing measured near)`` - nothing measured fits: the kernel's own choice
+  for the bucket (``Tunable.analytic``), where it has one.
+* ``default`` - nothing measured fits and no analytic choice: the kernel's default config.
 
 ``--fill`` replaces every entry that is not measured, so carried-over configs follow new
 measurements. ``--check`` exits 1 if a bucket has no entry, an entry is not one of the
@@ -136,10 +138,14 @@ def _size(cfg) -> tuple:
 
 
 def options(t: tuning.Tunable, bucket: dict, measured: list[tuple[dict, dict]]) -> list:
-    """(config, source) to try for a bucket nothing measured, best first: the nearest
-    measured buckets' configs, the kernel's default, then every candidate, small first."""
-    out = [(tuning.config_from_dict(entry), f"nearest measured: {tuning.bucket_key(other)}")
-           for other, entry in sorted(measured, key=lambda c: distance(bucket, c[0]))]
+    """(config, source) to try for a bucket nothing measured, best first: the kernel's own
+    choice for the bucket where it has a rule (`Tunable.analytic`: split-K and tiles follow
+    the shape, which another shape's measurement does not), the nearest measured buckets'
+    configs, the kernel's default, then every candidate, small first."""
+    out = ([(t.analytic(bucket), "analytic (a rule of the kernel's, not measured)")]
+           if t.analytic is not None else [])
+    out += [(tuning.config_from_dict(entry), f"nearest measured: {tuning.bucket_key(other)}")
+            for other, entry in sorted(measured, key=lambda c: distance(bucket, c[0]))]
     out.append((t.default, "default"))
     out += [(c, "least shared memory (the default does not fit)")
             for c in sorted(t.configs, key=_size)]

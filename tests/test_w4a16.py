@@ -93,10 +93,12 @@ GRID = [
 ]
 # Edges: N odd and below a tile, M > 16 (the GEMM tunable) with a last tile of one row,
 # per-channel (g = K = 576: BLOCK_K 64 in 9 steps of one group), the larger groups of the
-# layout study (96 and 192: several 32- and 64-wide steps per group).
+# layout study (96 and 192: several 32- and 64-wide steps per group), g = 48 (BLOCK_K 16:
+# the GEMV's 8-byte chunks) and K = 480, not a whole number of GEMV steps.
 EDGES = [
     (1, 37, 96, 32, False), (17, 64, 128, 128, False), (2, 20, 576, 576, False),
     (5, 48, 576, 96, True), (1, 40, 1536, 192, True), (20, 24, 576, 192, False),
+    (1, 50, 480, 48, False), (1, 20, 576, 576, True),
 ]
 
 
@@ -111,22 +113,28 @@ def test_matches_dequantize_then_matmul(gen, m, n, k, group_size, sym, dtype):
     assert_close(got, reference(x, qweight, scales, zeros), dtype, label(m, n, k, group_size, sym))
 
 
-# Each path of the kernel with explicit configs: the elementwise GEMV (BLOCK_M 1) and the
-# tl.dot tiles (BLOCK_M 16 / 32), one split and several (the last split reduces; a split
-# count above the number of K steps leaves some splits empty).
+# Each path of the kernel with explicit configs: the plane-wise GEMV (BLOCK_M 1; K_THREADS
+# threads per row, 1 to 8; once per x row when M > 1) and the tl.dot tiles (BLOCK_M 16 /
+# 32), one split and several (the last split reduces; a split count above the number of K
+# steps leaves some splits empty; 2 splits of 192 columns are not whole 128-column steps,
+# nor is K = 384 a whole number of 256-column steps).
 PATH_CONFIGS = [
-    (1, {"BLOCK_N": 64, "SPLIT_K": 1}), (1, {"BLOCK_N": 32, "SPLIT_K": 3}),
-    (1, {"BLOCK_N": 64, "SPLIT_K": 16}), (16, {"BLOCK_N": 32, "SPLIT_K": 1}),
-    (16, {"BLOCK_N": 64, "SPLIT_K": 4}), (16, {"BLOCK_M": 32, "BLOCK_N": 32, "SPLIT_K": 2}),
+    (1, 1, {"BLOCK_N": 64, "SPLIT_K": 1, "K_THREADS": 1}),
+    (1, 1, {"BLOCK_N": 32, "SPLIT_K": 2, "K_THREADS": 4}),
+    (1, 1, {"BLOCK_N": 64, "SPLIT_K": 3, "K_THREADS": 1}),
+    (1, 1, {"BLOCK_N": 32, "SPLIT_K": 1, "K_THREADS": 8}),
+    (1, 1, {"BLOCK_N": 64, "SPLIT_K": 16, "K_THREADS": 2}),
+    (1, 3, {"BLOCK_N": 32, "SPLIT_K": 2, "K_THREADS": 2}),
+    (16, 5, {"BLOCK_N": 32, "SPLIT_K": 1}), (16, 5, {"BLOCK_N": 64, "SPLIT_K": 4}),
+    (16, 5, {"BLOCK_M": 32, "BLOCK_N": 32, "SPLIT_K": 2}),
 ]
 
 
-@pytest.mark.parametrize("block_m,kwargs", PATH_CONFIGS,
-                         ids=[f"BLOCK_M={bm} {kw}" for bm, kw in PATH_CONFIGS])
-def test_every_path_and_split(gen, block_m, kwargs):
+@pytest.mark.parametrize("block_m,m,kwargs", PATH_CONFIGS,
+                         ids=[f"BLOCK_M={bm} M={m} {kw}" for bm, m, kw in PATH_CONFIGS])
+def test_every_path_and_split(gen, block_m, m, kwargs):
     import triton
 
-    m = 1 if block_m == 1 else 5
     n, k, group_size = 100, 384, 64  # 6 K steps of 64
     qweight, scales, zeros = packed_weight(gen, n, k, group_size, sym=False)
     x = randn(gen, m, k, dtype=DTYPES[0])
@@ -237,12 +245,14 @@ def test_block_k_and_buckets():
     assert wk.bucket_for(1, 960, 576, 64, torch.bfloat16) == (
         wk.W4A16_GEMV, {"M": 1, "bk": 64, "N": 0, "K": 0, "dt": 16})
     assert wk.bucket_for(16, 14336, 4096, 32, torch.float32) == (
-        wk.W4A16_GEMV, {"M": 16, "bk": 32, "N": 2, "K": 1, "dt": 32})
+        wk.W4A16_SMALL_M, {"M": 16, "bk": 32, "N": 2, "K": 1, "dt": 32})
+    assert wk.bucket_for(3, 4096, 4096, 64, torch.float16) == (
+        wk.W4A16_SMALL_M, {"M": 4, "bk": 64, "N": 1, "K": 1, "dt": 16})
     assert wk.bucket_for(17, 4096, 4096, 64, torch.float16) == (
         wk.W4A16_GEMM, {"M": 64, "bk": 64, "dt": 16})
     assert wk.bucket_for(300, 4096, 4096, 16, torch.bfloat16)[1]["M"] == 1024
     # every bucket a call can produce lies in its tunable's space, and is pinned
-    for m in (1, 2, 16, 17, 64, 65, 256, 257, wk.DEQUANT_MIN_M - 1):
+    for m in (1, 2, 4, 5, 16, 17, 64, 65, 256, 257, wk.DEQUANT_MIN_M - 1):
         for n, k in ((576, 576), (3072, 1536), (49152, 4096)):
             for bk in (16, 32, 64):
                 for dtype in (torch.float16, torch.float32):
@@ -374,8 +384,8 @@ def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
     bf16 cases for A100 (sm_80), with Triton's bundled ptxas: the GEMV (BLOCK_M 1) with
     and without zeros, the tl.dot tiles, fp16 / bf16 / fp32 activations, and the
     dequantize kernel. With the specializations a real call gets (unit strides, 16-aligned
-    pointers), the GEMV reads the packed weight and x with 16-byte loads and its K loop
-    has no barrier."""
+    pointers), the GEMV reads the packed weight and x with 16-byte loads (8-byte chunks for
+    BLOCK_K 16) and its K loop has no barrier and no shared memory (no layout conversion)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_INTERPRET"] = "0"
     code = textwrap.dedent("""
@@ -399,21 +409,26 @@ def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
                                   target=GPUTarget("cuda", arch, 32),
                                   options=dict(num_warps=warps, num_stages=stages))
 
-        for dt, bm, bn, zeros, warps, stages in [("bf16", 1, 64, True, 4, 2),
-                                                 ("fp16", 1, 128, False, 8, 2),
-                                                 ("fp32", 1, 64, True, 4, 2),
-                                                 ("bf16", 16, 64, True, 4, 2),
-                                                 ("fp16", 64, 128, False, 4, 3)]:
+        # (dtype, BLOCK_M, BLOCK_N, zeros, warps, stages, K_THREADS, BLOCK_K)
+        for dt, bm, bn, zeros, warps, stages, kt, bk in [
+                ("bf16", 1, 128, True, 4, 1, 2, 64), ("bf16", 1, 64, False, 2, 1, 1, 64),
+                ("fp16", 1, 256, True, 4, 1, 2, 32), ("bf16", 1, 128, True, 8, 1, 4, 64),
+                ("bf16", 1, 64, True, 8, 1, 8, 64), ("fp16", 1, 128, False, 8, 1, 8, 64),
+                ("fp32", 1, 64, True, 4, 1, 2, 64), ("bf16", 1, 64, True, 4, 1, 2, 16),
+                ("bf16", 16, 64, True, 4, 2, 1, 64), ("fp16", 64, 128, False, 4, 3, 1, 64)]:
             types = {n: t.format(dt=dt) for n, t in wk._SIGNATURE.items()}
-            consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, HAS_ZEROS=zeros, ROW_ALIGN=4)
+            consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, HAS_ZEROS=zeros, ROW_ALIGN=4,
+                          K_THREADS=kt)
             ptx = compile(wk._w4a16_kernel, types, consts, warps, stages).asm["ptx"]
             if dt == "bf16":  # A100 too: no instruction that only sm_90 has
                 compile(wk._w4a16_kernel, types, consts, warps, stages, arch=80)
-            if bm == 1:  # the K loop: the basic block(s) with the 16-byte loads
-                loop = [b for b in re.split(r"\\n\\$L__BB\\d+_\\d+:", ptx)
-                        if "ld.global.v4.b32" in b]
-                assert loop, f"GEMV {dt}: no 16-byte loads"
-                assert not any("bar.sync" in b for b in loop), f"GEMV {dt}: a barrier in the K loop"
+            what = f"GEMV {dt} BLOCK_N={bn} w{warps} K_THREADS={kt} BLOCK_K={bk}"
+            if bm == 1:  # the K loop: the basic block(s) with the weight loads
+                vec = "ld.global.v4.b32" if bk >= 32 else "ld.global.v2.b32"
+                loop = [b for b in re.split(r"\\n\\$L__BB\\d+_\\d+:", ptx) if vec in b]
+                assert loop, f"{what}: no {vec} loads"
+                for bad in ("bar.sync", "ld.shared", "st.shared"):
+                    assert not any(bad in b for b in loop), f"{what}: {bad} in the K loop"
             else:
                 assert "mma" in ptx, f"no tensor-core MMA for {dt} BLOCK_M={bm}"
         compile(wk._dequantize_kernel, {"QW": "*i32", "Scales": "*fp32", "Zeros": "*fp32",

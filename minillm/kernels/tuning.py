@@ -169,6 +169,8 @@ class Tunable:
     ``signature`` and ``constexprs`` serve ahead-of-time compilation (the pinned files'
     checks): the Triton types of the arguments that are not int32 scalars, with ``{dt}`` for
     the activation dtype, and the constexpr arguments a bucket implies besides the config's.
+    ``analytic`` (optional): a candidate chosen for a bucket by reasoning about its shapes,
+    which ``pin_configs.py --fill`` pins where nothing measured is near (before the default).
     """
 
     name: str
@@ -179,6 +181,7 @@ class Tunable:
     bucket_space: dict
     signature: dict
     constexprs: Callable[[dict], dict]
+    analytic: Callable[[dict], triton.Config] | None = None
 
     def buckets(self) -> list[dict]:
         """Every bucket of the space, as dicts."""
