@@ -8,8 +8,9 @@ that have CUDA paths.
   teacher-forced logits over the CPU's tokens (max error, top-1 agreement; passes at >= 95%
   agreement: bf16 may legitimately flip a near-tie and then diverge).
 * decode: benchmarks/decode.py's measurement ((N - 1) / (t(N) - t(1)), median of rounds),
-  Triton and torch attention, each eager, through a CUDA graph (`generate(cuda_graph=True)`),
-  through a graph of the torch.compile'd step, and compiled without a graph, against the
+  Triton attention eager, through a CUDA graph (`generate(cuda_graph=True)`), through a
+  graph of the torch.compile'd step, and compiled without a graph (torch attention: eager
+  and CUDA graph), against the
   weights' bandwidth ceiling (weight bytes / the bandwidth measured in this run) and
   transformers; every non-eager row compares its greedy tokens with eager's. SmolLM2 RTN
   w4 (``quant.GPU_LAYOUT``) eager and through a CUDA graph, against the bf16 rows.
@@ -215,6 +216,8 @@ def check_decode(run) -> None:
             if compiled and (run.mode == "quick" or not run.options.get("compile", True)):
                 run.skipped.append(f"{name} (--quick / --no-compile: compiling takes minutes)")
                 continue
+            if compiled and backend != "triton":  # compiled rows: the Triton path's fix
+                continue                            # (issue 26); torch's are optional
             if compiled and backend == "triton" and not run.cuda:
                 run.skipped.append(f"{name} (torch.compile cannot trace Triton's interpreter)")
                 continue
@@ -438,11 +441,11 @@ def check_pytest(run) -> None:
 # section that needs them (greedy_match); see TOTAL_BUDGET_S in gpu_check.py.
 SECTIONS = [
     Section("greedy_match", "SmolLM2 greedy on the device against fp32 on the CPU",
-            check_greedy, {"full": 45, "quick": 25, "dry": 60}),
+            check_greedy, {"full": 40, "quick": 25, "dry": 60}),
     Section("decode", "Batch-1 decode against the bandwidth ceiling and transformers",
-            check_decode, {"full": 180, "quick": 40, "dry": 150}),
+            check_decode, {"full": 140, "quick": 40, "dry": 150}),
     Section("serving", "Serving workload: engine continuous against HF (sampled)",
-            check_serving, {"full": 120, "quick": 40, "dry": 120}),
+            check_serving, {"full": 85, "quick": 40, "dry": 120}),
     Section("pytest", "Test files with CUDA paths", check_pytest,
-            {"full": 75, "dry": 120}),
+            {"full": 65, "dry": 120}),
 ]

@@ -86,6 +86,15 @@ def autotune_enabled(name: str | None = None) -> bool:
     return name is not None and name in {v.strip() for v in value.split(",")}
 
 
+def autotune_requested() -> bool:
+    """True when some kernel's buckets are searched (all of them, or those MINILLM_AUTOTUNE
+    names)."""
+    if _autotune_override is not None:
+        return _autotune_override
+    return os.environ.get("MINILLM_AUTOTUNE", "0").strip().lower() not in ("", "0", "false",
+                                                                           "no")
+
+
 def set_autotune(on: bool | None) -> None:
     """Search every new bucket (True), never (False), or follow MINILLM_AUTOTUNE (None)."""
     global _autotune_override
