@@ -243,7 +243,10 @@ def test_static_decode_step_through_the_glue_equals_the_plain_path(model, spy):
     with plain():
         want_tokens, want = static_steps(model, prompt, 8)
     assert tokens == want_tokens
-    torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4)
+    # fp32 either way; on CUDA the Triton norm sums a row in another order than ATen's, and
+    # two random layers (std 0.2 weights) amplify that rounding to ~2e-4 (seen on an H100)
+    tol = 1e-3 if CUDA else 1e-4
+    torch.testing.assert_close(logits, want, rtol=tol, atol=tol)
 
 
 def test_paged_decode_with_padded_rows_through_the_glue_equals_the_plain_path(model, spy):
@@ -350,5 +353,9 @@ def test_replayed_glue_step_equals_the_eager_glue_step():
     with torch.inference_mode():
         g.prefill(torch.tensor([[5, 6, 7], [8, 9, 10]], device=DEVICE))
         replayed = g.decode([11, 12], 3).clone()
-        eager = g.step()  # the same position again: the same K/V rewritten, the same logits
+        # The replay fed its argmax back (input_ids, positions + 1): set the same inputs again,
+        # then the eager step rewrites the same K/V and must give the same logits.
+        g.input_ids.copy_(torch.tensor([[11], [12]], device=DEVICE))
+        g.positions.fill_(3)
+        eager = g.step()
     torch.testing.assert_close(replayed, eager)  # bf16 tolerance: cuBLAS may differ in capture

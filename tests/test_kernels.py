@@ -513,3 +513,25 @@ def test_cuda_dispatch_path_runs_on_the_interpreter(gen, monkeypatch):
         tuning.set_autotune(None)
     assert ("flash_attention", "D=64,L=0,causal=1,dt=32,varlen=0", 90) in seen
     assert ("paged_decode", "D=64,H=16,dt=32,lse=1", 90) in seen
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="reads the compiled kernels' definitions on a CPU")
+def test_lengths_that_change_every_step_are_not_specialized_on():
+    """Triton compiles a new program when an int argument becomes a multiple of 16 or 1. The
+    arguments that change with every engine step (lengths, the block table's width, the
+    row count) must not be specialized on, or a serving run compiles mid-request (seen on
+    an H100: the first engine run's prefill steps paid seconds of compilation)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = _python("""
+        import torch
+        torch.cuda.is_available = lambda: True  # define the kernels as compiled, not interpreted
+        from minillm.kernels import flash_attention_kernel as fk, paged_decode as pd, w4a16 as wk
+        for fn, names in ((fk._attn_fwd_kernel, ["seqlen_q", "seqlen_k"]),
+                          (pd._paged_decode_kernel, ["stride_btb", "tokens_per_split"]),
+                          (pd._combine_splits_kernel, ["num_splits"]),
+                          (wk._w4a16_kernel, ["M", "stride_ps", "SPLIT_K", "k_per_split"])):
+            free = {fn.arg_names[i] if isinstance(i, int) else i for i in fn.do_not_specialize}
+            assert set(names) <= free, (fn.__name__, names, free)
+        print("ok")
+    """, env)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]

@@ -68,7 +68,9 @@ def _attn_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit
+# The lengths change with every engine step (chunked prefill): never specialized on (Triton
+# would compile a new program when one becomes a multiple of 16 or 1).
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k"])
 def _attn_fwd_kernel(
     Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k,
     stride_qb, stride_qh, stride_qt, stride_qd,

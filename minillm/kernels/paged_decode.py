@@ -47,7 +47,9 @@ __all__ = ["paged_decode_attention"]
 CPU_BLOCK_N = 64  # interpreter: one fixed key tile
 
 
-@triton.jit
+# The block table's width (its row stride) and the split length change with the step's
+# longest context: never specialized on, so a serving run compiles one program per config.
+@triton.jit(do_not_specialize=["stride_btb", "tokens_per_split"])
 def _paged_decode_kernel(
     Q, KC, VC, BlockTables, ContextLens, Out, Lse,
     stride_qb, stride_qh, stride_qd,
@@ -115,7 +117,7 @@ def _paged_decode_kernel(
         tl.store(Lse + b64 * stride_lb + heads * stride_lh + split * stride_ls, lse, mask=h_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _combine_splits_kernel(
     Partial, Lse, Out, num_splits, head_dim,
     stride_pb, stride_ph, stride_ps, stride_pd,

@@ -285,8 +285,11 @@ def _next_step(g, in_group, group_size, BLOCK_K: tl.constexpr):
 
 
 # SPLIT_K is a run-time argument, never specialized: one compiled kernel per tile
-# config serves every split count (autotuning compiles 5 programs per bucket, not 25).
-@triton.jit(do_not_specialize=["SPLIT_K", "k_per_split", "stride_sn", "stride_zn"])
+# config serves every split count (autotuning compiles 5 programs per bucket, not 25). M and
+# the partials' split stride (M * N) change with every engine step's row count: not
+# specialized either, so a serving run compiles nothing new when its batch changes.
+@triton.jit(do_not_specialize=["SPLIT_K", "k_per_split", "stride_sn", "stride_zn", "M",
+                               "stride_ps"])
 def _w4a16_kernel(
     X, QW, Scales, Zeros, Out, Partials, Counters,
     M, N, K, group_size, k_per_split, SPLIT_K,
