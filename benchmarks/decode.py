@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import minillm  # noqa: E402
-from minillm import calc  # noqa: E402
+from minillm import calc, cpu_select  # noqa: E402
 from minillm.gguf_loader import find_model_path  # noqa: E402
 from minillm.devices import cpu_native_bf16, device_name  # noqa: E402
 from minillm.perf import measure_bandwidth, measure_matvec_bandwidth  # noqa: E402
@@ -185,6 +185,7 @@ def main():
         "first_call_s": first_call,
         "samples": samples,
     }
+    result["cpu_kernel_selection"] = cpu_select.current().lines()
     if with_bf16:
         result["minillm_bf16"] = med["minillm_bf16"]
         result["minillm_bf16_compiled"] = med["minillm_bf16_compiled"]
@@ -211,6 +212,9 @@ def main():
               f"{result['bf16_vs_fp32_compiled']:.2f}x")
     print(f"the C++ small-M kernel against BLAS for every weight product (both eager): "
           f"{result['small_m_kernel_speedup']:.2f}x")
+    print("CPU kernel selection (minillm.cpu_select):")
+    for line in result["cpu_kernel_selection"]:
+        print(f"  {line}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

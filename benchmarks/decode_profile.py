@@ -49,6 +49,10 @@ PROMPT = [1, 504, 3937, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198
 # that fused a norm with a product's reshape is called "..._small_m_linear_..." and is glue.
 WEIGHT_OPS = {"minillm_cpu::small_m_linear", "minillm::small_m_linear", "aten::mm",
               "aten::addmm", "aten::mv"}
+# Each build of a C++ kernel names its operator after its ISA (minillm_cpu::small_m_linear_avx2,
+# ..._avx512, ...: `minillm.cpu_select` chooses which runs).
+WEIGHT_OP_PREFIXES = ("minillm_cpu::small_m_linear_", "minillm_cpu::w4_linear_",
+                      "minillm_cpu::w8_linear_")
 ATTENTION_OPS = {"aten::scaled_dot_product_attention",
                  "aten::_scaled_dot_product_flash_attention_for_cpu"}
 # The compiled graph's own runtime: guard checks, the wrappers around the generated code.
@@ -105,7 +109,7 @@ def profiled_bins(model, steps, compile):
         bins = defaultdict(float)
         for e in prof.key_averages():
             name = e.key
-            if name in WEIGHT_OPS:
+            if name in WEIGHT_OPS or name.startswith(WEIGHT_OP_PREFIXES):
                 bins["weights"] += e.self_cpu_time_total
             elif name in ATTENTION_OPS:
                 bins["attention"] += e.self_cpu_time_total

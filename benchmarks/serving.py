@@ -48,6 +48,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF conversion progress bar
 
 import minillm  # noqa: E402
+from minillm import cpu_select  # noqa: E402
+from minillm.devices import device_name  # noqa: E402
 from minillm.engine import LLMEngine, SamplingParams  # noqa: E402
 from minillm.perf import measure_matmul_flops  # noqa: E402
 from decode import load_hf  # noqa: E402  (same transformers reference as the decode benchmark)
@@ -367,7 +369,8 @@ def main():
                             "replay_wall_s": replays,
                             "engine_fraction_per_run": [e / g for e, g in pairs]},
               "goals": {"engine / HF one-at-a-time": 14, "engine / HF static-16": 3},
-              "decode_path_ab": ab, "memory": memory, "prefix_caching": prefix}
+              "decode_path_ab": ab, "memory": memory, "prefix_caching": prefix,
+              "cpu": device_name("cpu"), "cpu_kernel_selection": cpu_select.current().lines()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -8,7 +8,10 @@ in cache) for M rows through:
     blas [out,in]   F.linear with W as nn.Linear stores it
     blas [in,out]   F.linear with W stored transposed (what `use_matvec_layout` picks
                     for BLAS: faster for 1 row)
-    kernel          minillm.layers.cpu_linear (W [out, in])
+    kernel          minillm.layers.cpu_linear (W [out, in]), the build this CPU's selection
+                    chose for the row count (`minillm.cpu_select`; its default build where
+                    the selection chose BLAS); benchmarks/cpu_kernel_select.py compares
+                    every build
 
 and prints each one's time, the kernel's speedup over the faster BLAS layout, and the cost
 of M rows relative to 1 row (the "verify cost" of speculative decoding, for the products).

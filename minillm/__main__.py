@@ -61,8 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run decode steps through torch.compile (the first one compiles)")
     gen.add_argument("--tp", type=_positive_int, default=1,
                      help="tensor-parallel size; N > 1 runs under torchrun --nproc-per-node N")
-    info = sub.add_parser("info", help="model config, sizes and this machine's ceilings")
-    info.add_argument("--refresh", action="store_true", help="re-measure this machine")
+    info = sub.add_parser("info", help="model config, sizes, this machine's ceilings and "
+                                       "which C++ CPU kernels run")
+    info.add_argument("--refresh", action="store_true",
+                      help="re-measure this machine and the CPU kernel selection")
     _add_serve_parsers(sub)
     return parser
 
@@ -264,7 +266,19 @@ def cmd_info(args) -> int:
     print("bandwidth-bound batch-1 decode ceiling (weights read once per token):")
     for name, nbytes in (("float32", 4), ("bfloat16", 2)):
         print(f"  {name:9s} {calc.decode_tokens_per_s(n, nbytes, bw):6.1f} tok/s")
+    print_cpu_kernels(refresh=args.refresh)
     return 0
+
+
+def print_cpu_kernels(refresh: bool = False) -> None:
+    """Which build of each C++ CPU kernel runs which shapes here, or the PyTorch path
+    (`minillm.cpu_select`); `refresh` measures again (MINILLM_CPU_KERNEL unset or 1)."""
+    from . import cpu_select
+    sel = cpu_select.select(refresh=refresh) if refresh else cpu_select.current()
+    when = f", measured {sel.measured_at}" if sel.measured_at else ""
+    print(f"CPU kernels (MINILLM_CPU_KERNEL={sel.setting}; {sel.source}{when}):")
+    for line in sel.lines():
+        print(f"  {line}")
 
 
 def main(argv=None) -> int:

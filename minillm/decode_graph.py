@@ -133,7 +133,7 @@ class DecodeGraph:
         if compile:
             from .layers import cpu_linear
             model.check_compilable()
-            cpu_linear.load_kernel()  # build it now: a build inside the trace breaks it
+            cpu_linear.prepare()  # measure and build now: inside the trace it would break it
             self.step = torch.compile(self._step, dynamic=False)
         self.next_ids = torch.zeros(batch_size, dtype=torch.long, device=device)
         cuda = device.type == "cuda"

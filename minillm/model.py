@@ -321,7 +321,7 @@ class LlamaModel(nn.Module):
         """
         self.check_compilable()
         if self._compiled_run is None:
-            cpu_linear.load_kernel()  # build it (once) now: a build inside a trace breaks the graph
+            cpu_linear.prepare()  # measure and build now: inside a trace it would break the graph
             self._compiled_run = torch.compile(self.run, dynamic=True)
         return self._compiled_run
 

@@ -19,8 +19,9 @@ Invariants:
   reduces across each row, its rows are short, and BLAS's gemv may not use every thread.
 - Matmul FLOP/s counts 2·n³ per n×n×n product (a multiply-add is 2 FLOPs).
 - Timings are medians. On CUDA, work is timed with CUDA events after a synchronize.
-- The cache file is keyed by device name and torch thread count, and reused only if it was
-  measured with the same sizes.
+- The cache file is keyed by device name (for a CPU also its family and model numbers: a
+  hypervisor may name Zen 4 and Zen 5 both "AMD EPYC") and torch thread count, and reused
+  only if it was measured with the same sizes.
 
 The device and dtype choice (``minillm.devices``) and the timer (``minillm.timing``) are
 re-exported here: ``perf.time_fn``, ``perf.default_device``, ``perf.default_dtype``,
@@ -127,9 +128,12 @@ def matvec_paths(w: torch.Tensor, x: torch.Tensor) -> dict:
     if w.device.type == "cpu" and w.dtype == torch.float32:
         from .layers import cpu_linear
 
-        kernel = cpu_linear.load_kernel()
+        xm = x[None]
+        # The build decode runs at one row (`cpu_select`), or the default one where BLAS is
+        # chosen: the kernel's own stream either way.
+        kernel = (cpu_linear.kernel_for(xm, w) if cpu_linear.applies(xm, w) else None) \
+            or cpu_linear.load_kernel()
         if kernel is not None:
-            xm = x[None]
             paths["minillm"] = lambda: kernel.small_m_linear(xm, w)[0]
     return paths
 
@@ -227,8 +231,15 @@ def cache_dir() -> Path:
     return Path(base).expanduser() / "minillm"
 
 
-def _cache_path(name: str, num_threads: int) -> Path:
+def _cache_path(name: str, num_threads: int, dev: torch.device | None = None) -> Path:
     slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower() or "device"
+    if dev is not None and dev.type == "cpu":
+        # A hypervisor may name different CPUs alike ("AMD EPYC" for Zen 4 and Zen 5): the
+        # family and model numbers tell them apart.
+        from .devices import _cpuinfo_field
+        family, model = _cpuinfo_field(("cpu family",)), _cpuinfo_field(("model",))
+        if family or model:
+            slug += f"-f{family}m{model}"
     return cache_dir() / f"machine-{slug}-{num_threads}threads.json"
 
 
@@ -291,7 +302,7 @@ def measure_machine(device=None, refresh: bool = False, *, bandwidth_bytes: int 
     """
     dev = _resolve(device)
     settings = _settings(dev, bandwidth_bytes, matmul_n, repeats, matvec_bytes)
-    path = _cache_path(device_name(dev), torch.get_num_threads())
+    path = _cache_path(device_name(dev), torch.get_num_threads(), dev)
     if not refresh and path.exists():
         try:
             cached = MachineProfile.from_dict(json.loads(path.read_text(encoding="utf-8")))

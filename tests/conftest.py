@@ -17,6 +17,9 @@ from browser_utils import _chromium, jupyter_lab, lab  # noqa: E402,F401
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # inherited by notebook kernels
+# Each C++ kernel's default build for every shape it takes, nothing timed: results do not
+# depend on a measurement (minillm.cpu_select; tests/test_cpu_select.py fakes its timer).
+os.environ.setdefault("MINILLM_CPU_KERNEL", "default")
 from minillm.devices import cuda_requested  # noqa: E402  (torch only: imports no triton)
 
 if not cuda_requested():  # before transformers imports triton (see minillm.kernels); also

@@ -1,12 +1,17 @@
 """The C++ small-M linear kernel (minillm.layers.cpu_linear) == x @ W.T, row by row the same
-bits whatever else shares the call, and `Linear` uses it exactly where it should."""
+bits whatever else shares the call, in every build this CPU runs (avx2, avx512, avx512bf16),
+and `Linear` uses it exactly where it should."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 import minillm
-from minillm import LlamaModel, ModelConfig
+from minillm import LlamaModel, ModelConfig, cpp_extension
 from minillm.layers import Linear, cpu_linear
+
+# Every build of the kernel this CPU runs (the default one on a CPU without AVX2).
+BUILDS = [b for b in cpu_linear.BUILDS if b in cpp_extension.host_isas()] or \
+    [cpu_linear.default_variant()]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -21,41 +26,68 @@ def kernel():
 SHAPES = [(49152, 576), (3072, 576), (576, 1536), (960, 576), (7, 13), (5, 8), (130, 3)]
 
 
+@pytest.mark.parametrize("variant", BUILDS)
 @pytest.mark.parametrize("n, k", SHAPES)
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 16])
-def test_matches_float64_reference(n, k, m):
+def test_matches_float64_reference(n, k, m, variant):
     g = torch.Generator().manual_seed(n * 31 + k * 7 + m)
     x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
     want = x.double() @ w.double().T
-    torch.testing.assert_close(cpu_linear.small_m_linear(x, w).double(), want,
+    torch.testing.assert_close(cpu_linear.small_m_linear(x, w, variant).double(), want,
                                rtol=0, atol=2e-6 * k ** 0.5 * 8)
 
 
+@pytest.mark.parametrize("variant", BUILDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n, k", [(49152, 576), (576, 1536), (7, 13)])
-def test_each_row_is_bit_identical_whatever_shares_the_call(n, k):
+def test_each_row_is_bit_identical_whatever_shares_the_call(n, k, dtype, variant):
     g = torch.Generator().manual_seed(3)
-    x, w = torch.randn(16, k, generator=g), torch.randn(n, k, generator=g)
-    alone = torch.cat([cpu_linear.small_m_linear(x[i:i + 1], w) for i in range(16)])
+    x, w = torch.randn(16, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype)
+    alone = torch.cat([cpu_linear.small_m_linear(x[i:i + 1], w, variant) for i in range(16)])
     for m in (2, 5, 16):
-        assert torch.equal(cpu_linear.small_m_linear(x[:m], w), alone[:m]), m
+        assert torch.equal(cpu_linear.small_m_linear(x[:m], w, variant), alone[:m]), m
 
 
+def test_avx2_and_avx512bf16_builds_sum_fp32_in_the_same_order():
+    # Both sum 8 lanes in the same order, so the builds give the same bits wherever K is a
+    # multiple of 8 (the tail's multiply-add may be contracted differently): switching
+    # between them never changes a model's fp32 results.
+    if not {"avx2", "avx512bf16"} <= set(BUILDS):
+        pytest.skip("this CPU does not run both builds")
+    g = torch.Generator().manual_seed(5)
+    for n, k in [(3072, 576), (576, 1536), (130, 8)]:
+        x, w = torch.randn(5, k, generator=g), torch.randn(n, k, generator=g)
+        assert torch.equal(cpu_linear.small_m_linear(x, w, "avx2"),
+                           cpu_linear.small_m_linear(x, w, "avx512bf16")), (n, k)
+
+
+@pytest.mark.parametrize("variant", BUILDS)
+def test_each_build_runs_as_its_own_operator_under_compile(variant):
+    kernel = cpu_linear.load_kernel(variant)
+    assert kernel.isa == variant and kernel.op_name == f"small_m_linear_{variant}"
+    g = torch.Generator().manual_seed(6)
+    x, w = torch.randn(2, 3, 64, generator=g), torch.randn(40, 64, generator=g)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: cpu_linear.linear(x, w, kernel) * 2, fullgraph=True,
+                             backend="aot_eager")
+    assert torch.equal(compiled(x), cpu_linear.small_m_linear(x, w, variant) * 2)
+
+
+@pytest.mark.parametrize("variant", BUILDS)
 @pytest.mark.parametrize("n, k", SHAPES)
 @pytest.mark.parametrize("m", [1, 3, 16])
-def test_bf16_is_the_fp32_product_rounded_once(n, k, m):
+def test_bf16_is_the_fp32_product_rounded_once(n, k, m, variant):
     # bf16 x and W are widened exactly, multiplied and summed in fp32 and rounded once: the
     # result is the fp32 product of the same bf16 values, rounded to bf16, give or take one
     # bf16 step where the summation order tips the rounding.
     g = torch.Generator().manual_seed(n * 17 + k + m)
     x = torch.randn(m, k, generator=g).bfloat16()
     w = torch.randn(n, k, generator=g).bfloat16()
-    y = cpu_linear.small_m_linear(x, w)
+    y = cpu_linear.small_m_linear(x, w, variant)
     assert y.dtype == torch.bfloat16 and y.shape == (m, n)
     exact = x.double() @ w.double().T
     ulp = 2.0 ** (torch.floor(torch.log2(exact.abs().clamp(min=1e-30))) - 7)
     assert ((y.double() - exact).abs() <= ulp + 1e-5 * k ** 0.5).all()
-    alone = torch.cat([cpu_linear.small_m_linear(x[i:i + 1], w) for i in range(m)])
-    assert torch.equal(y, alone)  # batch invariance holds for bf16 too
 
 
 def test_leading_dims_are_kept():

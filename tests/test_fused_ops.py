@@ -86,16 +86,68 @@ def test_a_row_gets_the_same_bits_whatever_shares_the_call(threads):
         fused.rope_(a, 12, cos[3:4][None], sin[3:4][None])
         fused.rope_(b, 12, cos[:64][None], sin[:64][None])
         assert torch.equal(a[0, 0], b[0, 3])
+        xb, db, wb = x.bfloat16(), d.bfloat16(), w.bfloat16()
+        assert torch.equal(fused.add_rms_norm(xb[3:4], db[3:4], wb, 1e-5)[1][0],
+                           fused.add_rms_norm(xb, db, wb, 1e-5)[1][3])
+        assert torch.equal(fused.silu_mul(gate_up[3:4].bfloat16())[0],
+                           fused.silu_mul(gate_up.bfloat16())[3])
     finally:
         torch.set_num_threads(before)
 
 
+# bf16: the C++ computes in fp32 and rounds where the reference stores bf16, so the two agree
+# to one bf16 step (2^-8 relative) where an fp32 intermediate lands on either side of a
+# rounding boundary, and bit for bit nearly everywhere else.
+BF16_TOL = dict(rtol=2 ** -7, atol=1e-6)
+
+
+def assert_bf16_close(got, want):
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), **BF16_TOL)
+    same = (got == want).float().mean().item()
+    assert same >= 0.99, f"only {same:.1%} of the values are bit-identical to the reference"
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64])
+@pytest.mark.parametrize("hidden", [576, 40])
+def test_bf16_glue_matches_its_reference(rows, hidden):
+    x, d = rand(rows, hidden, seed=21).bfloat16(), rand(rows, hidden, seed=22).bfloat16()
+    w = rand(hidden, seed=23).bfloat16()
+    assert fused.applies(x)
+    assert_bf16_close(fused.rms_norm(x, w, 1e-5), fused.rms_norm_ref(x, w, 1e-5))
+    s, h = fused.add_rms_norm(x, d, w, 1e-5)
+    assert torch.equal(s, x + d), "the residual add must round as PyTorch's bf16 add does"
+    assert_bf16_close(h, fused.rms_norm_ref(x + d, w, 1e-5))
+    gate_up = rand(rows, 3072, seed=24, scale=6.0).bfloat16()
+    assert_bf16_close(fused.silu_mul(gate_up), fused.silu_mul_ref(gate_up))
+    cos, sin = rope_cos_sin(64, 2048, 1e5)
+    pos = torch.randint(0, 2048, (1, rows), generator=torch.Generator().manual_seed(25))
+    heads = rand(1, rows, 15, 64, seed=26).bfloat16()
+    out = heads.clone()
+    assert fused.rope_(out, 12, cos[pos], sin[pos]) is out
+    assert_bf16_close(out[:, :, :12], apply_rope(heads[:, :, :12], cos[pos], sin[pos]))
+    assert torch.equal(out[:, :, 12:], heads[:, :, 12:])
+
+
+def test_bf16_rounds_to_nearest_even_and_keeps_nan_and_inf(kernel):
+    """The narrowing on its edges: ties to even, NaN stays NaN, inf stays inf."""
+    gate_up = torch.zeros(1, 32)
+    gate_up[0, 16:] = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, float("nan"), float("inf"),
+                                    -float("inf"), 3e38, -1.5, 2 ** -130] + [1.0] * 8)
+    gate_up[0, :16] = 30.0  # silu(30) rounds to 30 in bf16: out = 30 * up, rounded once
+    got = kernel.silu_mul(gate_up.bfloat16())
+    want = fused.silu_mul_ref(gate_up.bfloat16())
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[~got.isnan()], want[~want.isnan()])
+
+
 def test_falls_back_to_the_reference_where_the_kernel_does_not_apply():
     x, w = rand(4, 576, seed=12), rand(576, seed=13)
-    # bf16, a non-contiguous input, and autograd: the plain expressions, same contract.
-    xb = x.bfloat16()
-    torch.testing.assert_close(fused.rms_norm(xb, w.bfloat16(), 1e-5),
-                               fused.rms_norm_ref(xb, w.bfloat16(), 1e-5), rtol=0, atol=0)
+    # fp16, a bf16 input with fp32 weights, a non-contiguous input, and autograd: the plain
+    # expressions, same contract.
+    for xh, wh in ((x.half(), w.half()), (x.bfloat16(), w)):
+        torch.testing.assert_close(fused.rms_norm(xh, wh, 1e-5),
+                                   fused.rms_norm_ref(xh, wh, 1e-5), rtol=0, atol=0)
     xt = rand(576, 4, seed=14).t()
     assert not fused.applies(xt)
     torch.testing.assert_close(fused.rms_norm(xt, w, 1e-5), fused.rms_norm_ref(xt, w, 1e-5),
@@ -114,8 +166,10 @@ def test_bad_arguments_get_clear_errors(kernel):
         kernel.add_rms_norm(x, rand(2, 32), w, 1e-5)
     with pytest.raises(RuntimeError, match=r"weight must be \[64\]"):
         kernel.rms_norm(x, rand(32), 1e-5)
-    with pytest.raises(RuntimeError, match=r"float32 on the CPU"):
+    with pytest.raises(RuntimeError, match=r"float32 or bfloat16 on the CPU"):
         kernel.silu_mul(x.double())
+    with pytest.raises(RuntimeError, match=r"tensors must share one dtype"):
+        kernel.rms_norm(x.bfloat16(), w, 1e-5)
     with pytest.raises(RuntimeError, match=r"cos and sin must be \[2, 64\]"):
         kernel.rope_(rand(2, 3, 64), 2, rand(2, 32), rand(2, 32))
     with pytest.raises(RuntimeError, match=r"num_rotated must be in \[0, 3\]"):
@@ -138,6 +192,23 @@ def test_fused_model_matches_unfused_logits_and_greedy_tokens(smollm, monkeypatc
         ref = model(ids)
     torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
     assert minillm.generate(model, PROMPT, 24) == tokens
+
+
+@pytest.mark.slow
+def test_fused_bf16_model_matches_unfused_logits_and_greedy_tokens(monkeypatch):
+    """The bf16 model's eager glue goes through the C++ too; its logits stay within bf16
+    noise of the plain ops' and its greedy tokens are the same."""
+    model, _ = minillm.load_model(dtype=torch.bfloat16)
+    ids = torch.tensor([PROMPT])
+    with torch.inference_mode():
+        logits = model(ids).float()
+    tokens = minillm.generate(model, PROMPT, 16)
+    monkeypatch.setattr(fused, "load_kernel", lambda: None)
+    with torch.inference_mode():
+        ref = model(ids).float()
+    assert (logits - ref).abs().max() < 0.05 * ref.abs().max()
+    assert (logits[0, -1].argmax() == ref[0, -1].argmax()).item()
+    assert minillm.generate(model, PROMPT, 16) == tokens
 
 
 @pytest.mark.slow

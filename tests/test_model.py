@@ -208,7 +208,7 @@ def test_rope_matches_the_half_split_formula():
                                atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kernel", ["0", "1"])
+@pytest.mark.parametrize("kernel", ["0", "default"])
 def test_matvec_layout_keeps_values_and_outputs(monkeypatch, kernel):
     # MINILLM_CPU_KERNEL=0: BLAS's matvec, which wants the longer side contiguous; with the
     # C++ small-M kernel (when built), every weight [out, in] contiguous.

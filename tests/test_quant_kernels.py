@@ -5,7 +5,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from minillm import cpp_extension
 from minillm.quant import cpu_kernels, packing, rtn
+
+# Every build of the kernels this CPU runs (the default one on a CPU without AVX2).
+BUILDS = [b for b in cpu_kernels.BUILDS if b in cpp_extension.host_isas()] or \
+    [cpu_kernels.default_variant()]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -37,17 +42,18 @@ def assert_matches(y, want, k):
 SHAPES = [(960, 576), (576, 1536), (3072, 576), (37, 96), (5, 32)]
 
 
+@pytest.mark.parametrize("variant", BUILDS)
 @pytest.mark.parametrize("bits", [2, 3, 4, 5, 8])
 @pytest.mark.parametrize("group_size", [32, 64, None])
 @pytest.mark.parametrize("sym", [False, True])
 @pytest.mark.parametrize("m", [1, 3, 16])
-def test_matches_dequantize_then_linear(bits, group_size, sym, m):
+def test_matches_dequantize_then_linear(bits, group_size, sym, m, variant):
     for n, k in SHAPES:
         if group_size is not None and k % group_size:
             continue
         qweight, scales, zeros, g = packed(n, k, bits, group_size, sym, seed=n + k + m)
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
-        y = cpu_kernels.quant_linear(x, qweight, scales, zeros, g, bits)
+        y = cpu_kernels.quant_linear(x, qweight, scales, zeros, g, bits, variant)
         assert y.shape == (m, n) and y.dtype == torch.float32
         assert_matches(y, reference(x, qweight, scales, zeros, bits), k)
 
@@ -56,7 +62,8 @@ def test_matches_dequantize_then_linear(bits, group_size, sym, m):
                          [(4, 72, 24), (4, 60, 6), (4, 90, 45), (4, 60, 2), (8, 60, 12),
                           (8, 45, 3), (8, 45, 45), (4, 80, 16), (4, 96, 48), (8, 40, 8),
                           (8, 72, 24)])
-def test_group_sizes_that_leave_a_scalar_tail(bits, k, group_size):
+@pytest.mark.parametrize("variant", BUILDS)
+def test_group_sizes_that_leave_a_scalar_tail(bits, k, group_size, variant):
     # Groups that are not a whole number of vector chunks (16 columns for w4, 8 for w8), and
     # for w4 groups of an odd size (their chunks would not start on a byte), take the
     # kernel's scalar path for what is left. Where the build has AVX-512, groups that 16-lane
@@ -64,7 +71,7 @@ def test_group_sizes_that_leave_a_scalar_tail(bits, k, group_size):
     # g = 16, 48 (w4) and 8, 24 (w8) check that path.
     qweight, scales, zeros, g = packed(11, k, bits, group_size, sym=False)
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(1))
-    y = cpu_kernels.quant_linear(x, qweight, scales, zeros, g, bits)
+    y = cpu_kernels.quant_linear(x, qweight, scales, zeros, g, bits, variant)
     assert_matches(y, reference(x, qweight, scales, zeros, bits), k)
 
 
@@ -76,16 +83,17 @@ def test_leading_dims_are_kept():
     assert_matches(y, reference(x, qweight, scales, zeros, 4), 64)
 
 
+@pytest.mark.parametrize("variant", BUILDS)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group_size", [32, 16])  # 16 lanes (with AVX-512) and 8 lanes
-def test_each_row_is_bit_identical_whatever_shares_the_call(bits, group_size):
+def test_each_row_is_bit_identical_whatever_shares_the_call(bits, group_size, variant):
     qweight, scales, zeros, g = packed(37, 96, bits, group_size, sym=False)
     x = torch.randn(16, 96, generator=torch.Generator().manual_seed(2))
-    alone = torch.cat([cpu_kernels.quant_linear(x[i:i + 1], qweight, scales, zeros, g, bits)
-                       for i in range(16)])
+    alone = torch.cat([cpu_kernels.quant_linear(x[i:i + 1], qweight, scales, zeros, g, bits,
+                                                variant) for i in range(16)])
     for m in (2, 5, 16):
-        assert torch.equal(cpu_kernels.quant_linear(x[:m], qweight, scales, zeros, g, bits),
-                           alone[:m]), m
+        assert torch.equal(cpu_kernels.quant_linear(x[:m], qweight, scales, zeros, g, bits,
+                                                    variant), alone[:m]), m
 
 
 def test_bad_arguments_get_a_clear_error():
@@ -121,12 +129,13 @@ def test_applies_only_to_few_fp32_cpu_rows_without_autograd():
         assert cpu_kernels.applies(torch.randn(1, 64, requires_grad=True), qweight)
 
 
+@pytest.mark.parametrize("variant", BUILDS)
 @pytest.mark.parametrize("bits", [4, 8])
-def test_compiled_call_is_the_custom_op_with_the_same_result(bits):
+def test_compiled_call_is_the_custom_op_with_the_same_result(bits, variant):
     qweight, scales, zeros, g = packed(40, 64, bits, 32, sym=True)
 
     def f(x):
-        return cpu_kernels.quant_linear(x, qweight, scales, zeros, g, bits) * 2
+        return cpu_kernels.quant_linear(x, qweight, scales, zeros, g, bits, variant) * 2
 
     x = torch.randn(1, 3, 64)
     torch._dynamo.reset()

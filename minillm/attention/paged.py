@@ -30,7 +30,8 @@ calls it once and records the result in `engine.config.decode_path`):
 
 - "kernel": on the CPU with the torch backend and an fp32 cache, the C++ kernel of
   `minillm.attention.cpu_decode` reads K/V in place through the block tables: the cache is
-  read once, with no copy. It is the default there when it builds.
+  read once, with no copy. It is the default there when it builds and the measurement of
+  `minillm.cpu_select` found it faster than "gather" on this host (`cpu_decode.preferred`).
 - "gather": the PyTorch fast path, used when the kernel is off or cannot be built (and on
   a GPU with the torch backend). `TorchBackend.paged_decode`, the per-sequence reference
   loop, would spend a CPU step in Python overhead at 64 sequences x 30 layers; instead the
@@ -64,7 +65,7 @@ def choose_decode_path(backend, kv_cache: PagedKVCache, requested: str | None = 
     if requested is None:
         if getattr(backend, "name", None) != "torch":
             return "backend"
-        return "kernel" if kernel_ok else "gather"
+        return "kernel" if kernel_ok and cpu_decode.preferred() else "gather"
     if requested not in DECODE_PATHS:
         raise ValueError(f"decode_path must be None (choose) or one of {DECODE_PATHS}, "
                          f"got {requested!r}")

@@ -18,9 +18,12 @@ compares them (fp32 rounding: the C++ sums in another order and has its own exp)
 checks that a row's result does not depend on the other rows (batch invariance: the
 engine's greedy tokens equal `generate`'s).
 
-`applies(x)` says when the C++ runs: fp32 on the CPU, contiguous, no autograd, the kernel
-built, and not inside `torch.compile` (Inductor fuses the plain expressions itself, and
-they keep the graph free of opaque calls). `triton_applies(x)` says when the Triton kernels
+`applies(x)` says when the C++ runs: fp32 or bf16 on the CPU, contiguous, no autograd, the
+kernel built, and not inside `torch.compile` (Inductor fuses the plain expressions itself,
+and they keep the graph free of opaque calls). In bf16 the C++ computes in fp32 and rounds
+to bf16 wherever the reference stores a bf16 tensor, so it matches the reference to fp32
+rounding; without it a bf16 model's eager decode step ran ~25 plain ops of glue a layer
+where fp32 makes 5 calls. `triton_applies(x)` says when the Triton kernels
 of `minillm.kernels.glue` run: CUDA tensors in fp32, fp16 or bf16, no autograd, not inside
 `torch.compile` (tests set `TRITON_ON_CPU` to run them on CPU tensors in Triton's
 interpreter). On CUDA they cut a decode layer from ~22 kernels to ~10, which is what a
@@ -55,9 +58,12 @@ def load_kernel():
                               "the model runs its glue as separate PyTorch ops")
 
 
+CPU_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def applies(x: torch.Tensor) -> bool:
     """Would the model's glue on `x` run the C++? (Builds the kernel on first call.)"""
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous()
+    return (x.device.type == "cpu" and x.dtype in CPU_DTYPES and x.is_contiguous()
             and not (torch.is_grad_enabled() and x.requires_grad)
             and not torch.compiler.is_compiling() and load_kernel() is not None)
 
@@ -110,7 +116,8 @@ def stores_kv(cache: torch.Tensor) -> bool:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if triton_applies(x, weight) and x.stride(-1) == 1 and weight.is_contiguous():
         return _glue().rms_norm(x, weight, eps)
-    if applies(x) and weight.is_contiguous() and not weight.requires_grad:
+    if (applies(x) and weight.dtype == x.dtype and weight.is_contiguous()
+            and not weight.requires_grad):
         return load_kernel().rms_norm(x, weight, eps)
     return rms_norm_ref(x, weight, eps)
 
@@ -129,7 +136,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
             and delta.stride(-1) == 1 and weight.is_contiguous()):
         return _glue().add_rms_norm(x, delta, weight, eps)
     if (applies(x) and delta.dtype == x.dtype and delta.shape == x.shape
-            and delta.is_contiguous() and not delta.requires_grad
+            and delta.is_contiguous() and not delta.requires_grad and weight.dtype == x.dtype
             and weight.is_contiguous() and not weight.requires_grad):
         s, h = load_kernel().add_rms_norm(x, delta, weight, eps)
         return s, h

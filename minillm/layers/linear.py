@@ -50,7 +50,9 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # A few fp32 or bf16 rows on the CPU (decode, speculative verify, a small batch): the
         # C++ kernel that streams W once. Anything else (prefill, GPU, autograd): F.linear.
-        if cpu_linear.applies(x, self.weight) and (kernel := cpu_linear.load_kernel()):
+        # Which build (or BLAS) runs these rows was measured on this CPU (`cpu_select`).
+        if cpu_linear.applies(x, self.weight) and (
+                kernel := cpu_linear.kernel_for(x, self.weight)) is not None:
             return cpu_linear.linear(x, self.weight, kernel)
         return F.linear(x, self.weight)
 
@@ -60,7 +62,8 @@ class Linear(nn.Module):
 
         Why: batch-1 decode does one matrix-vector product per weight, and on a CPU its
         speed is how fast the matrix streams from memory. With the C++ small-M kernel
-        (`cpu_linear`), that is W as stored by `nn.Linear`, [out, in] contiguous: each
+        (`cpu_linear`, where this CPU's selection runs it for some row count of this dtype
+        and width), that is W as stored by `nn.Linear`, [out, in] contiguous: each
         output's weights are one contiguous row. Without it, BLAS's matrix-vector product
         streams long contiguous rows faster than short ones, so gate|up [3072, 576] and the
         49152 x 576 LM head run faster stored as [in, out], and down_proj [576, 1536] as it
@@ -70,8 +73,7 @@ class Linear(nn.Module):
         w = getattr(self, "weight", None)
         if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
             return
-        if (w.device.type == "cpu" and w.dtype in cpu_linear.KERNEL_DTYPES
-                and cpu_linear.load_kernel()):
+        if w.device.type == "cpu" and cpu_linear.uses_kernel(w.dtype, w.shape[1]):
             want_transposed = False
         else:
             want_transposed = w.shape[0] >= w.shape[1]

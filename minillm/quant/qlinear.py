@@ -7,7 +7,9 @@ It plugs into the model through the `Linear` seam: same call, same `in_features`
 - CPU, fp32, at most `cpu_kernels.MAX_ROWS` rows (decode, speculative verify, a small
   batch): the C++ kernels of `cpu_kernels`, which read the packed bytes and never build the
   float matrix. This is where quantization makes decode faster: the step streams 1/8 (W4)
-  or 1/4 (W8) of fp32's bytes.
+  or 1/4 (W8) of fp32's bytes. Which build runs is measured per host
+  (`cpu_kernels.kernel_for`); where the measurement found dequantize + BLAS faster for a
+  bucket of rows, those rows take the next path.
 - CUDA with 4-bit storage: the Triton W4A16 kernel (`minillm.kernels.w4a16`): a split-K
   GEMV at one row (decode), tiled above; a symmetric 4-bit weight passes no zeros (all 8),
   so the kernel reads only the nibbles and the scales. No value of a CUDA tensor is read on
@@ -66,9 +68,10 @@ class QuantLinear(Linear):
         return dequantize_packed(self.qweight, self.scales, self.zeros, self.bits, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if cpu_kernels.applies(x, self.qweight) and cpu_kernels.load_kernel() is not None:
+        if (cpu_kernels.applies(x, self.qweight)
+                and (variant := cpu_kernels.kernel_for(x, self.bits)) is not None):
             return cpu_kernels.quant_linear(x, self.qweight, self.scales, self.zeros,
-                                            self.group_size, self.bits)
+                                            self.group_size, self.bits, variant)
         if x.is_cuda and storage_bits(self.bits) == 4:
             from ..kernels.w4a16 import w4a16_linear
             zeros = None if self.sym and self.bits == 4 else self.zeros  # sym: every zero is 8

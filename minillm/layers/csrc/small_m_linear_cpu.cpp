@@ -15,44 +15,90 @@
 // streams; here each bf16 value is widened to fp32 in registers (a bf16 is the top half of
 // an fp32: a 16-bit shift, exact, on any AVX2 CPU), products and sums are fp32, and y is
 // rounded to bf16 once at the end (round to nearest even), as F.linear's bf16 GEMM does.
-// Where the CPU has AVX512_BF16 (and only there: the build adds -mavx512bf16 then), bf16
-// takes tile_dp instead, one vdpbf16ps per 32 weights.
 //
-// Exactness and batch invariance: y[m, n] is accumulated in one fixed order (8 lanes over
-// k in steps of 8, a fixed pairwise sum of the lanes, then the k % 8 tail), whatever M is
+// Builds (cpp_extension.build_flags; which one runs a shape is measured per host,
+// minillm/cpu_select.py): the same source is compiled once per instruction set.
+//   avx2        L = 8 lanes: fp32 FMAs; bf16 widened 8 at a time.
+//   avx512      L = 16 lanes (-mavx512f): fp32 FMAs; bf16 widened 16 at a time.
+//   avx512bf16  fp32 as avx2 (8 lanes, compiled with AVX-512: the build every CPU with
+//               AVX512_BF16 ran before builds were measured, kept bit for bit); bf16 takes
+//               tile_dp instead, one vdpbf16ps per 32 weights (only where the CPU has
+//               AVX512_BF16: the build adds -mavx512bf16).
+// Each build names its operator after its ISA (MINILLM_ISA, set by cpp_extension.load):
+// minillm_cpu::small_m_linear_avx2 and so on, so several builds load side by side.
+//
+// Exactness and batch invariance: y[m, n] is accumulated in one fixed order (L lanes over
+// k in steps of L, a fixed pairwise sum of the lanes, then the k % L tail), whatever M is
 // and however the rows are tiled. So a row's result does not depend on which other rows
 // share the call: 1 row alone and the same row among 5 give the same bits. Speculative
-// decoding relies on this to keep greedy verification identical to plain decoding.
+// decoding relies on this to keep greedy verification identical to plain decoding. The
+// order depends on the build (8 or 16 lanes, or vdpbf16ps), so builds differ in the last
+// bits (avx2 and avx512bf16 sum fp32 in the same order; they can differ only in the k % 8
+// tail, where the compiler contracts a multiply and an add differently for each ISA).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <cstring>
 #include <type_traits>
 
-#if defined(__AVX2__) || defined(__AVX512BF16__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
-#include "vec_math.h"  // minillm/csrc: vf8, load8 (fp32), hsum8
+#include "build_name.h"  // minillm/csrc: MINILLM_ISA_NAME, this build's ISA
+#include "bf16.h"        // minillm/csrc: load8 of bf16 (widened)
+#include "vec_math.h"    // minillm/csrc: vf8, load8 (fp32), hsum8
+
+#define MINILLM_OP "small_m_linear_" MINILLM_ISA_NAME
 
 namespace {
 
 using minillm::hsum8;
-using minillm::load8;
+using minillm::load8;  // fp32, and bf16 widened (bf16.h)
 using minillm::vf8;
-typedef uint32_t vu8 __attribute__((vector_size(32), aligned(4)));
-typedef uint16_t vh8 __attribute__((vector_size(16), aligned(2)));
 
-// 8 bf16 -> 8 fp32: zero-extend each 16-bit value to 32 bits and shift it to the top half.
-inline vf8 load8(const at::BFloat16* p) {
-#ifdef __AVX2__
-  const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return reinterpret_cast<vf8>(_mm256_slli_epi32(v, 16));
+typedef float vf16 __attribute__((vector_size(64), aligned(4)));
+typedef uint32_t vu16 __attribute__((vector_size(64), aligned(4)));
+typedef uint16_t vh16 __attribute__((vector_size(32), aligned(2)));
+
+// 16 bf16 -> 16 fp32, the same widening 16 at a time.
+inline vf16 load16(const at::BFloat16* p) {
+#ifdef __AVX512F__
+  const __m512i v =
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return reinterpret_cast<vf16>(_mm512_slli_epi32(v, 16));
 #else
-  const vu8 v = __builtin_convertvector(*reinterpret_cast<const vh8*>(p), vu8) << 16;
-  return reinterpret_cast<const vf8&>(v);
+  const vu16 v = __builtin_convertvector(*reinterpret_cast<const vh16*>(p), vu16) << 16;
+  return reinterpret_cast<const vf16&>(v);
 #endif
 }
+
+inline vf16 load16(const float* p) { return *reinterpret_cast<const vf16*>(p); }
+
+// An L-lane chunk: its vector type, its load, and the fixed order its lanes are summed in.
+template <int L> struct Lanes;
+template <> struct Lanes<8> {
+  typedef vf8 F;
+  template <typename T> static inline F load(const T* p) { return load8(p); }
+  static inline float hsum(F v) { return hsum8(v); }
+};
+template <> struct Lanes<16> {
+  typedef vf16 F;
+  template <typename T> static inline F load(const T* p) { return load16(p); }
+  static inline float hsum(F v) {  // fold the halves, then as 8 lanes
+    vf8 h;
+    for (int i = 0; i < 8; ++i) h[i] = v[i] + v[i + 8];
+    return hsum8(h);
+  }
+};
+
+// Lanes per chunk in this build: 16 in the avx512 build, else 8 (the avx512bf16 build keeps
+// fp32 at 8 lanes: see the top).
+#if defined(__AVX512F__) && !defined(__AVX512BF16__)
+constexpr int kLanes = 16;
+#else
+constexpr int kLanes = 8;
+#endif
 
 inline float to_float(float v) { return v; }
 inline float to_float(at::BFloat16 v) { return static_cast<float>(v); }
@@ -61,24 +107,26 @@ inline float to_float(at::BFloat16 v) { return static_cast<float>(v); }
 template <typename T> inline T from_float(float v) { return T(v); }
 
 // R output rows (n0..n0+R-1) times MB input rows (m0..m0+MB-1). R * MB accumulators live in
-// registers (at most 8 of AVX2's 16); each 8-float chunk of W is loaded once per call and
+// registers (at most 8 of AVX2's 16); each L-float chunk of W is loaded once per call and
 // used MB times, each chunk of x once and used R times.
-template <typename T, int R, int MB>
+template <typename T, int L, int R, int MB>
 inline void tile(const T* __restrict x, const T* __restrict w, T* __restrict y,
                  int64_t K, int64_t N, int64_t m0, int64_t n0) {
-  vf8 acc[R][MB];
+  typedef Lanes<L> V;
+  typedef typename V::F vf;
+  vf acc[R][MB];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int j = 0; j < MB; ++j) acc[r][j] = vf8{0, 0, 0, 0, 0, 0, 0, 0};
-  const int64_t K8 = K - K % 8;
-  for (int64_t k = 0; k < K8; k += 8) {
-    vf8 wv[R];
+    for (int j = 0; j < MB; ++j) acc[r][j] = vf{};
+  const int64_t KL = K - K % L;
+  for (int64_t k = 0; k < KL; k += L) {
+    vf wv[R];
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) wv[r] = load8(w + (n0 + r) * K + k);
+    for (int r = 0; r < R; ++r) wv[r] = V::load(w + (n0 + r) * K + k);
 #pragma GCC unroll 4
     for (int j = 0; j < MB; ++j) {
-      const vf8 xv = load8(x + (m0 + j) * K + k);
+      const vf xv = V::load(x + (m0 + j) * K + k);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) acc[r][j] += wv[r] * xv;
     }
@@ -87,8 +135,8 @@ inline void tile(const T* __restrict x, const T* __restrict w, T* __restrict y,
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int j = 0; j < MB; ++j) {
-      float s = hsum8(acc[r][j]);
-      for (int64_t k = K8; k < K; ++k)
+      float s = V::hsum(acc[r][j]);
+      for (int64_t k = KL; k < K; ++k)
         s += to_float(w[(n0 + r) * K + k]) * to_float(x[(m0 + j) * K + k]);
       y[(m0 + j) * N + n0 + r] = from_float<T>(s);
     }
@@ -143,8 +191,8 @@ inline void rows(const T* x, const T* w, T* y, int64_t M, int64_t K, int64_t N, 
     return;
   }
 #endif
-  for (; m + 2 <= M; m += 2) tile<T, R, 2>(x, w, y, K, N, m, n0);
-  if (m < M) tile<T, R, 1>(x, w, y, K, N, m, n0);
+  for (; m + 2 <= M; m += 2) tile<T, kLanes, R, 2>(x, w, y, K, N, m, n0);
+  if (m < M) tile<T, kLanes, R, 1>(x, w, y, K, N, m, n0);
 }
 
 template <typename T>
@@ -181,17 +229,19 @@ torch::Tensor small_m_linear(torch::Tensor x, torch::Tensor w) {
   return y;
 }
 
-// The same product as a PyTorch operator, minillm_cpu::small_m_linear, for torch.compile:
+// The same product as a PyTorch operator, minillm_cpu::small_m_linear_<isa>, for torch.compile:
 // a graph calls it through the dispatcher straight into C++ (~2 µs a call), where a Python
 // custom op costs ~10 µs, and a decode step makes 121 of these calls. Its shape function
 // (fake kernel) is registered from Python (cpu_linear.load_kernel).
 TORCH_LIBRARY_FRAGMENT(minillm_cpu, m) {
-  m.def("small_m_linear(Tensor x, Tensor w) -> Tensor");
+  m.def(MINILLM_OP "(Tensor x, Tensor w) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(minillm_cpu, CPU, m) { m.impl("small_m_linear", &small_m_linear); }
+TORCH_LIBRARY_IMPL(minillm_cpu, CPU, m) { m.impl(MINILLM_OP, &small_m_linear); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_m_linear", &small_m_linear,
         "y = x W^T for a few rows of x (W [N, K]; both fp32 or both bf16)");
+  m.attr("isa") = MINILLM_ISA_NAME;  // this build's ISA
+  m.attr("op_name") = MINILLM_OP;    // its operator: torch.ops.minillm_cpu.<op_name>
 }

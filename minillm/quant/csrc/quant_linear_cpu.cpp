@@ -26,7 +26,10 @@
 // asks for it where the CPU has it) a chunk is 16 lanes, half the instructions per weight;
 // otherwise AVX2's 8 lanes. Which one a call uses depends only on the build and the group
 // size (16 lanes need g to be a multiple of 32 for w4, 16 for w8), never on M.
-// benchmarks/quant_linear.py measures both widths side by side.
+// benchmarks/quant_linear.py measures both widths side by side. Both builds are compiled
+// where the CPU runs AVX-512 (an avx2 and an avx512 build), and which one runs, or the
+// dequantize + BLAS path, is measured per host (minillm/cpu_select.py): on a CPU that runs
+// 512-bit instructions as two halves (Zen 4) 16 lanes need not pay.
 //
 // Batch invariance: y[m, n] is accumulated in one fixed order (L lanes per chunk, groups in
 // order, a fixed sum of the lanes, the per-group tails, then the zero-point term), whatever
@@ -41,6 +44,10 @@
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
+
+// minillm/csrc: MINILLM_ISA_NAME, this build's ISA, in its operators' names
+// (minillm_cpu::w4_linear_avx2, ...), so several builds load side by side.
+#include "build_name.h"
 
 namespace {
 
@@ -484,18 +491,20 @@ torch::Tensor w8_linear(torch::Tensor x, torch::Tensor qweight, torch::Tensor sc
   return run("w8_linear", x, qweight, scales, zeros, group_size, false);
 }
 
-// The same two products as PyTorch operators, minillm_cpu::w4_linear / w8_linear, for
-// torch.compile: a graph calls them through the dispatcher straight into C++ (~2 µs a call),
-// where a Python custom op costs ~9 µs, and a decode step makes 120 of these calls. Their
-// shape functions (fake kernels) are registered from Python (cpu_kernels.load_kernel).
+// The same two products as PyTorch operators, minillm_cpu::w4_linear_<isa> / w8_linear_<isa>,
+// for torch.compile: a graph calls them through the dispatcher straight into C++ (~2 µs a
+// call), where a Python custom op costs ~9 µs, and a decode step makes 120 of these calls.
+// Their shape functions (fake kernels) are registered from Python (cpu_kernels.load_kernel).
 TORCH_LIBRARY_FRAGMENT(minillm_cpu, m) {
-  m.def("w4_linear(Tensor x, Tensor qweight, Tensor scales, Tensor zeros, int group_size) -> Tensor");
-  m.def("w8_linear(Tensor x, Tensor qweight, Tensor scales, Tensor zeros, int group_size) -> Tensor");
+  m.def("w4_linear_" MINILLM_ISA_NAME
+        "(Tensor x, Tensor qweight, Tensor scales, Tensor zeros, int group_size) -> Tensor");
+  m.def("w8_linear_" MINILLM_ISA_NAME
+        "(Tensor x, Tensor qweight, Tensor scales, Tensor zeros, int group_size) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(minillm_cpu, CPU, m) {
-  m.impl("w4_linear", &w4_linear);
-  m.impl("w8_linear", &w8_linear);
+  m.impl("w4_linear_" MINILLM_ISA_NAME, &w4_linear);
+  m.impl("w8_linear_" MINILLM_ISA_NAME, &w8_linear);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -505,4 +514,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "y = x W^T for 1..16 fp32 rows, W stored 8 bits per value (packing.py layout)");
   m.def("w4_dequantize", &w4_dequantize, "W [N, K] fp32 from 4-bit storage (packing.py)");
   m.def("w8_dequantize", &w8_dequantize, "W [N, K] fp32 from 8-bit storage (packing.py)");
+  m.attr("isa") = MINILLM_ISA_NAME;  // this build's ISA
 }
