@@ -113,6 +113,12 @@ def _kind(device) -> str:
     return default_device().type if device is None else torch.device(device).type
 
 
+def reference_device() -> torch.device:
+    """Where correctness references run whatever the course's device is: the CPU, in fp32
+    (quantization's source weights, the fp32 reference models of the labs' checks)."""
+    return torch.device("cpu")
+
+
 def is_cuda(device=None) -> bool:
     """Is ``device`` (None: the default) a CUDA device? For code that must not spell one."""
     return resolve_device(device).type == "cuda"

@@ -23,7 +23,6 @@ setting ``quantize_model`` rejects raises its ValueError unchanged and caches no
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
@@ -253,9 +252,7 @@ def _copy_to(model, device: torch.device, dtype: torch.dtype):
     """`model` itself when it is already there in `dtype`, else a moved copy."""
     if model.device == device and model.embed_tokens.weight.dtype == dtype:
         return model
-    moved = copy.deepcopy(model, memo={id(model._compiled_run): None})
-    moved._compiled_run = None
-    return moved.to(device=device, dtype=dtype)
+    return model.deep_copy().to(device=device, dtype=dtype)  # no compiled step, no graphs
 
 
 def decode_against_bandwidth(model, tokenizer=None, device=None, bandwidth=None, layout=None,
@@ -278,11 +275,10 @@ def decode_against_bandwidth(model, tokenizer=None, device=None, bandwidth=None,
     if bandwidth is None:
         bandwidth = perf.measure_bandwidth(device)["sum"]
     if layout is None:
-        layout = quant.GPU_LAYOUT if device.type == "cuda" else {"group_size": 64, "sym": False}
+        layout = quant.GPU_LAYOUT if devices.is_cuda(device) else {"group_size": 64, "sym": False}
     if prompt_ids is None:
         prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": DEFAULT_PROMPT}])
-    source = model if model.device.type == "cpu" else _copy_to(model, torch.device("cpu"),
-                                                               torch.float32)
+    source = _copy_to(model, devices.reference_device(), torch.float32)
     w4 = quant.quantize_model(source, "rtn", 4, progress=False, **layout)  # from the float weights
     name = f"w4 g{layout['group_size']} {'sym' if layout['sym'] else 'asym'}"
     rows = []
@@ -294,7 +290,7 @@ def decode_against_bandwidth(model, tokenizer=None, device=None, bandwidth=None,
                      "MB_per_token": nbytes / 1e6, "ceiling_tok_s": bandwidth / nbytes,
                      "of_ceiling": tok_s * nbytes / bandwidth})
     if show:
-        how = ("CUDA graphs; w4 products by the W4A16 Triton kernel" if device.type == "cuda"
+        how = ("CUDA graphs; w4 products by the W4A16 Triton kernel" if devices.is_cuda(device)
                else "eager; w4 products by the C++ W4 kernel")
         print(f"{devices.device_name(device)} ({device.type}): bandwidth {bandwidth / 1e9:.1f} "
               f"GB/s; batch-1 decode, {how}")
