@@ -33,6 +33,9 @@ from . import kept
 from .questions import Choice, Numeric, Result, answer, get_question, load_bank
 
 REVEAL_AFTER = 2
+#: shown with a prediction that was never made in its predict: cell
+LATE_NOTE = ("(A prediction: it counts when made with quizzes.predict in the cell before the measurement; "
+             "answered here after the measurement, it is marked but scores 0.)")
 
 __all__ = ["QuestionWidget", "PredictionWidget", "build", "show", "kept_view"]
 
@@ -73,7 +76,8 @@ class QuestionWidget:
         self.last: Result | None = None
         self.on_kept: Callable[[], None] | None = None  # called after an answer is kept (the grading line)
         number = qid.split(".", 1)[1]
-        self.prompt = w.HTML(value=f"<b>{html.escape(number)}.</b> {markup(q.prompt)}")
+        note = f" <i>{html.escape(LATE_NOTE)}</i>" if isinstance(q, Numeric) and q.predict else ""
+        self.prompt = w.HTML(value=f"<b>{html.escape(number)}.</b> {markup(q.prompt)}{note}")
         self.prompt.add_class("quiz-prompt")
         if isinstance(q, Choice):
             self.input = w.RadioButtons(options=[o.text for o in q.options], value=None,
@@ -221,6 +225,8 @@ def show(spec: str | Iterable[str]) -> None:
             print(f"{qid}: {q.prompt}")
             if _is_kept_prediction(qid):
                 print(f"   {mark_prediction(qid).message}")
+            elif isinstance(q, Numeric) and q.predict:
+                print(f"   {LATE_NOTE}")
             elif isinstance(q, Choice):
                 for letter, o in zip("abcdefghij", q.options):
                     print(f"   {letter}) {o.text}")
