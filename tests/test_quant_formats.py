@@ -178,3 +178,12 @@ def test_q4_1_plan_is_the_shipped_file_tensor_for_tensor():
 def test_plan_rejects_other_file_types():
     with pytest.raises(ValueError, match="Q4_K_M"):
         gguf_types.plan(ModelConfig.smollm2_135m(), "Q2_K")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "nf4"])
+def test_fake_quantize_on_cuda_equals_the_cpu(fmt):
+    """The float8 casts and the NF4 bucketize run on the GPU too (Lab 06 on a GPU), with the
+    CPU's results bit for bit."""
+    w = torch.randn(64, 576, generator=torch.Generator().manual_seed(5)) * 0.05
+    assert torch.equal(formats.fake_quantize(w.cuda(), fmt).cpu(), formats.fake_quantize(w, fmt))
