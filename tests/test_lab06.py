@@ -69,9 +69,9 @@ def slip(**kwargs):
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("fn, words", [
-    (slip(qmax=15) , "not / (2^b − 1)"),  # symmetric at 4 bits with the unsigned range
-    (slip(include_zero=False), "the range must include 0"),
-    (slip(zero_point=False), "needs a zero point"),
+    (slip(qmax=15) , "not on the top of an unsigned grid"),  # symmetric at 4 bits with the unsigned range
+    (slip(include_zero=False), "it must include 0"),
+    (slip(zero_point=False), "has no zero point"),
     (slip(rounding=torch.floor), "not floor"),
     (lambda w, bits, sym: rtn_right(w, bits, sym)[0], "return a tuple (q, scale, zero)"),
     (lambda w, bits, sym: ((rtn_right(w, bits, sym)[0] - rtn_right(w, bits, sym)[2]) * rtn_right(w, bits, sym)[1],)
@@ -136,7 +136,7 @@ def test_gptq_loop_is_quant_gptq_and_identity_hessian_is_rtn():
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("fn, words", [
     (lambda W, U, s, z, b, sym: reference_gptq_columns(W, U, s, z, b, sym, feedback=False), "this is plain RTN"),
-    (lambda W, U, s, z, b, sym: reference_gptq_columns(W, U, s, z, b, sym, divide=False), "divide the error by U[i, i]"),
+    (lambda W, U, s, z, b, sym: reference_gptq_columns(W, U, s, z, b, sym, divide=False), "not scaled by row i's diagonal entry of U"),
     (lambda W, U, s, z, b, sym: reference_gptq_columns(W, U, s, z, b, sym, sign=-1.0), "wrong sign"),
     (lambda W, U, s, z, b, sym: (reference_gptq_columns(W, U, s, z, b, sym) - z) * s, "not the dequantized"),
 ])
@@ -183,8 +183,8 @@ def _awq(**kwargs):
 
 
 @pytest.mark.parametrize("fn, words", [
-    (_awq(normalise=False), "normalise s"),
-    (_awq(pick=max), "SMALLEST output error"),
+    (_awq(normalise=False), "not normalised"),
+    (_awq(pick=max), "the largest output error"),
     (lambda w, x, bits, g: awq_right(w, x, bits, g)[0], "return a pair (s, alpha)"),
     (lambda w, x, bits, g: (torch.ones(w.shape[1]), 0.0), ""),
 ])
@@ -269,6 +269,28 @@ def test_quant_runs_measure_then_cache(tiny, tmp_path):
     assert per_method.key("gptq", 4, 32) == runs.key("gptq", 4, 32) != per_method.key("awq", 4, 32)
 
 
+def test_quant_runs_measures_the_number_formats(tiny, tmp_path):
+    """FP8 and NF4 rows: fake-quantized copies scored like the integer ones, their bytes as the
+    format stores them, no speed (no kernel reads them), cached like the rest."""
+    from minillm.quant import formats
+
+    runs = quant_runs.QuantRuns(tiny, CharTokenizer(), eval_windows=2, window=32,
+                                cache_path=tmp_path / "runs.json")
+    e4m3, nf4 = runs.measure_many([("e4m3", 8, None), ("nf4", 4, 32)])
+    assert e4m3.label == "e4m3 w8 per-channel" and nf4.label == "nf4 w4 g32"
+    assert e4m3.tok_s is None and nf4.tok_s is None
+    direct = quant.evaluate(formats.fake_quantize_model(tiny, "nf4", 32), CharTokenizer(),
+                            ref_model=tiny, window=32, max_windows=2)
+    assert nf4.kl == pytest.approx(direct["kl"]) and 0 < e4m3.kl < nf4.kl
+    assert nf4.bytes_per_token == formats.weight_bytes(tiny, "nf4", 32)["per_token"]
+    assert e4m3.bytes_per_token > nf4.bytes_per_token
+    assert runs.measure("e4m3", 8, None) is e4m3 and runs.runs == 2
+    with pytest.raises(ValueError, match="bits=8"):
+        runs.measure("e5m2", 4, None)
+    with pytest.raises(ValueError, match="group_size=None"):
+        runs.measure("e5m2", 8, 32)
+
+
 def test_decode_tok_s_survives_a_stall_in_the_one_token_run(monkeypatch):
     # Simulated clock: generate(1 token) takes 0.10 s and generate(32) 0.41 s (10 ms a
     # token), except the first 1-token run, stalled to 0.40 s by another program. The best
@@ -338,18 +360,26 @@ def test_bank_accepts_its_computed_answers():
 
 
 def test_bank_numbers_are_the_books():
-    assert expected("lab06.q1") == pytest.approx(0.1186, abs=5e-5)
-    assert expected("lab06.q2") == pytest.approx(0.027, abs=5e-4)
+    assert expected("lab06.q1") == pytest.approx(0.83 / 3, abs=5e-5)      # the worked example at 3 bits
+    assert expected("lab06.q2") == pytest.approx(0.12, abs=5e-4)          # 0.12 rounds to 0
     assert expected("lab06.q3") == pytest.approx(140.0)
     assert expected("lab06.q4") == pytest.approx(71.09, abs=0.01)
     assert expected("lab06.q5") == pytest.approx(36.09, abs=0.01)
-    assert expected("lab06.q6") == pytest.approx(3.88, abs=0.005)
-    assert expected("lab06.q12") == pytest.approx(4.375)
+    assert expected("lab06.q6") == pytest.approx(16 / 4.25, abs=0.005)
+    assert expected("lab06.q12") == pytest.approx(4.1875)
+    assert expected("lab06.q15") == pytest.approx(5.5)
     assert not answer("lab06.q5", "35 GB").correct  # the scales forgotten
     assert not answer("lab06.q6", "4").correct
-    m = {"bandwidth_GBps": 20.0, "w4_mb_per_token": 171.4}
-    assert expected("lab06.q7", m) == pytest.approx(116.7, abs=0.1)
-    assert answer("lab06.q7", "125 tok/s", m).correct and not answer("lab06.q7", "60", m).correct
+    # q13: forgetting Q4_1's scale and minimum (and Q8_0's scale) is marked wrong
+    m = {"gguf_tensor_mb": 96.58}
+    assert answer("lab06.q13", "96.6 MB", m).correct and not answer("lab06.q13", "81.4 MB", m).correct
+    # q14: the head at 8 bits replaces 113.2 MB of fp32 head by 29.6 MB
+    m = {"head8_mb_per_token": 87.84}
+    assert answer("lab06.q14", f"{171.45 - 113.25 + 28.31 * 8.375 / 8:.1f} MB", m).correct
+    assert not answer("lab06.q14", f"{171.45 + 28.31:.1f} MB", m).correct   # the float head kept
+    # q7: the 1/bytes rule overshoots less than 20% here; a guess that ignores the bytes is wrong
+    m = {"head4_tok_s": 94.9}
+    assert answer("lab06.q7", "94.9", m).correct and not answer("lab06.q7", "64 tok/s", m).correct
 
 
 # ----------------------------------------------------------------------- the int8 KV cache

@@ -7,6 +7,7 @@ and the benchmark's own table when it has been run. The figures are in
     r = runs.measure("gptq", 4, 64)           # QuantResult: ppl, kl, top1, bytes, tok/s
     runs.measure_many([("rtn", 8, None), ("rtn", 4, 64), ("rtn", 3, 64)])  # fp32 runs once
     runs.fp32()                               # the reference row
+    runs.measure_many([("e4m3", 8, None), ("nf4", 4, 64)])  # number formats, fake-quantized
     maxima = activation_maxima(model, ids)    # {projection: [layers, channels]} of max |x|
     x = projection_input(model, ids, 3, "o_proj")  # [tokens, 576]: one projection's inputs
     benchmark_rows()                          # benchmarks/results/quant.json, or None
@@ -17,6 +18,11 @@ the setting (method, bits, group size, LM head) and the measurement's size (eval
 calibration windows). The disk cache is one JSON file under ``minillm.data.cache_dir()``;
 a cached result says so (``source == "cached"``). Speeds are cached too: they belong to the
 machine that measured them, and the cache lives on that machine.
+
+The methods are quantize_model's ("rtn", "gptq", "awq": packed integers, timed) and the
+number formats of ``minillm.quant.formats`` ("e4m3", "e5m2": FP8 with one scale per row;
+"nf4": 16 normal-quantile levels per block), which are fake-quantized: scored for quality,
+their bytes counted as the format would store them, and not timed (no kernel reads them).
 
 Invariants: ``measure`` never changes ``model`` (``quantize_model`` returns a copy); a
 setting ``quantize_model`` rejects raises its ValueError unchanged and caches nothing.
@@ -32,6 +38,7 @@ from pathlib import Path
 import torch
 
 from minillm import generate, quant, timing
+from minillm.quant import formats
 from minillm.quant.quantize import PROJECTIONS, projections
 
 __all__ = ["QuantResult", "QuantRuns", "decode_tok_s", "activation_maxima", "projection_input",
@@ -51,7 +58,7 @@ def label(method: str, bits: int, group_size, lm_head=False) -> str:
 
 @dataclasses.dataclass
 class QuantResult:
-    method: str                 # "fp32", "rtn", "gptq", "awq"
+    method: str                 # "fp32", "rtn", "gptq", "awq", or a format: "e4m3", "e5m2", "nf4"
     bits: int
     group_size: int | None
     lm_head: bool | int
@@ -61,7 +68,7 @@ class QuantResult:
     tokens: int                 # evaluated (predicted) tokens
     bytes_per_token: int        # weight bytes a batch-1 decode step reads (quant.weight_bytes)
     stored_bytes: int
-    tok_s: float | None = None  # batch-1 decode, eager
+    tok_s: float | None = None  # batch-1 decode, eager (None for a fake-quantized format)
     quantize_s: float | None = None
     eval_windows: int | None = None
     calibration_windows: int | None = None
@@ -188,8 +195,15 @@ class QuantRuns:
             return self.models[key], None
         calibration = self.calibration(method) if method in ("gptq", "awq") else None
         t0 = time.perf_counter()
-        qmodel = quant.quantize_model(self.model, method, bits, group_size, calibration=calibration,
-                                      progress=False, lm_head=lm_head)
+        if method in formats.FORMATS:
+            if (bits, lm_head) != (formats.FORMATS[method][0], False):
+                raise ValueError(f"{method} stores {formats.FORMATS[method][0]}-bit values and keeps "
+                                 f"the LM head float: pass bits={formats.FORMATS[method][0]}, "
+                                 f"lm_head=False")
+            qmodel = formats.fake_quantize_model(self.model, method, group_size)
+        else:
+            qmodel = quant.quantize_model(self.model, method, bits, group_size,
+                                          calibration=calibration, progress=False, lm_head=lm_head)
         seconds = time.perf_counter() - t0
         self.models[key] = qmodel
         while len(self.models) > self.keep_models:
@@ -233,11 +247,14 @@ class QuantRuns:
                                         ref_model=self.model, max_windows=self.eval_windows,
                                         window=self.window)
             for s, qmodel in models.items():
-                res, nbytes = evals[label(*s)], quant.weight_bytes(qmodel)
+                fake = s[0] in formats.FORMATS
+                res = evals[label(*s)]
+                nbytes = (formats.weight_bytes(self.model, s[0], s[2]) if fake
+                          else quant.weight_bytes(qmodel))
                 result = QuantResult(s[0], s[1], s[2], s[3], res["ppl"], res["kl"], res["top1"],
                                      res["tokens"], nbytes["per_token"], nbytes["stored"],
-                                     self._speed(qmodel), seconds[s], self.eval_windows,
-                                     self.windows_for(s[0]))
+                                     None if fake else self._speed(qmodel), seconds[s],
+                                     self.eval_windows, self.windows_for(s[0]))
                 key = self.key(*s)
                 self.results[key] = result
                 self._save(key, result)

@@ -19,6 +19,8 @@ Modules, in reading order:
     evaluate.py     perplexity, KL to the reference and top-1 agreement
     io.py           save / load as safetensors
     kv.py           an int8 KV cache: one fp16 scale per cached vector
+    formats.py      FP8 E4M3/E5M2 and NF4, fake-quantized (quality only; no kernel reads them)
+    gguf_types.py   GGUF tensor types: block layouts, the shipped file's types, Q4_K_M's mix
 """
 from .awq import clip_search, search_scale
 from .data import calibration_windows, evaluation_text

@@ -1,7 +1,11 @@
-"""Lab 06 quiz: quantization. Every number comes from ``minillm.calc`` (imported in the answer
-functions) except q7, which reads what the lab measured on this machine: the bandwidth and
-the w4 model's weight bytes per token (``quizzes.record(bandwidth_GBps=...,
-w4_mb_per_token=...)`` in the notebook's speed section)."""
+"""Lab 06 quiz: quantization. The computed answers come from ``minillm.calc`` and
+``minillm.quant.gguf_types`` (imported in the answer functions). Three questions are
+predictions, each asked in a ``predict:`` cell before the cell that measures it and marked
+against that measurement (``quizzes.record`` in the notebook): q13 the tensor bytes of the
+shipped GGUF file (section 6), q14 the bytes per token of w4 with an 8-bit LM head and q7
+the decode speed with a 4-bit head (section 8). No other answer is printed in the lab: the
+computed questions ask for a new case (3 bits instead of 4, g128 instead of g64, Q5_K
+instead of Q4_K)."""
 
 from quizzes.questions import Choice, Numeric, Option
 
@@ -17,11 +21,11 @@ def _calc():
 
 
 def _scale() -> float:
-    return _calc().symmetric_quantize(_EXAMPLE, 4)[0]
+    return _calc().symmetric_quantize(_EXAMPLE, 3)[0]
 
 
 def _max_error() -> float:
-    _, _, deq = _calc().symmetric_quantize(_EXAMPLE, 4)
+    _, _, deq = _calc().symmetric_quantize(_EXAMPLE, 3)
     return max(abs(a - b) for a, b in zip(_EXAMPLE, deq))
 
 
@@ -32,25 +36,33 @@ def _gb(bits: int | None, group_size=None) -> float:
     return calc.quantized_weight_bytes(70e9, bits, group_size) / 1e9
 
 
-def _shrink_g128() -> float:
-    return _gb(None) / _gb(4, 128)
+def _shrink_g64() -> float:
+    return _gb(None) / _gb(4, 64)
 
 
-def _bits_per_weight_asym_g64() -> float:
-    # 4-bit values, one fp16 scale and one 8-bit zero per group of 64: 3 bytes of metadata.
-    return _calc().quantized_weight_bytes(1e6, 4, 64, scale_bytes=3) * 8 / 1e6
+def _bits_per_weight_asym_g128() -> float:
+    # 4-bit values, one fp16 scale and one 8-bit zero per group of 128: 3 bytes of metadata.
+    return _calc().quantized_weight_bytes(1e6, 4, 128, scale_bytes=3) * 8 / 1e6
+
+
+def _q5_k_bits() -> float:
+    from minillm.quant import gguf_types
+
+    return gguf_types.bits_per_weight("Q5_K")
 
 
 QUESTIONS = [
-    Numeric("q1", "Symmetric 4-bit quantization of the group [0.12, −0.83, 0.45, −0.21]: what is "
-                  "the scale?",
+    Numeric("q1", "The lab's worked example [0.12, −0.83, 0.45, −0.21] at **3 bits**, symmetric: what "
+                  "is the scale?",
             answer=_scale, unit="", rtol=0.01,
-            explanation="scale = max|w| ÷ (2^(b−1) − 1) = 0.83 ÷ 7 = 0.1186. Then q = round(w ÷ "
-                        "scale) = [1, −7, 4, −2] (calc.symmetric_quantize)."),
-    Numeric("q2", "... and the largest absolute error after dequantizing (q · scale)?",
+            explanation="scale = max|w| ÷ (2^(b−1) − 1) = 0.83 ÷ 3 = 0.2767: at 3 bits the symmetric "
+                        "levels are −3 … 3. Then q = round(w ÷ scale) = [0, −3, 2, −1] "
+                        "(calc.symmetric_quantize(..., 3))."),
+    Numeric("q2", "... and the largest absolute error after dequantizing (q · scale), still at 3 bits?",
             answer=_max_error, unit="", rtol=0.03,
-            explanation="ŵ = [0.119, −0.830, 0.474, −0.237]; the errors are 0.001, 0, 0.024 and "
-                        "0.027. At most half a step, scale ÷ 2 = 0.059."),
+            explanation="ŵ = [0, −0.830, 0.553, −0.277]; the errors are 0.12, 0, 0.103 and 0.067. "
+                        "0.12 rounds to 0 because it is under half a step (scale ÷ 2 = 0.138): at 3 "
+                        "bits small weights vanish, which is why 3-bit RTN falls apart in section 5."),
     Numeric("q3", "Weights of a 70B-parameter model in fp16, in GB?",
             answer=lambda: _gb(None), unit="GB", rtol=0.02,
             explanation="70 × 10⁹ × 2 B = 140 GB: two 80 GB GPUs before any KV cache."),
@@ -63,26 +75,28 @@ QUESTIONS = [
             answer=lambda: _gb(4, 128), unit="GB", rtol=0.005,
             explanation="70 × 10⁹ × 0.5 B + 1.09 GB of scales = 36.1 GB: one 80 GB GPU, with room "
                         "for the KV cache. Forgetting the scales says 35."),
-    Numeric("q6", "By what factor does int4 with g128 fp16 scales shrink the fp16 weights?",
-            answer=_shrink_g128, unit="x", rtol=0.01,
-            explanation="16 bits ÷ (4 + 16/128) bits = 16 ÷ 4.125 = 3.88×, not 4×. Memory-bound "
-                        "decode can get up to that much faster; the KV cache does not shrink."),
-    Numeric("q7", "**Predict.** From the bandwidth you measured and the bytes per token of the "
-                  "w4 g64 model (section 6), what is the batch-1 decode ceiling of the w4 model on "
-                  "this device, in tok/s? It is marked against bandwidth ÷ bytes as measured "
-                  "(within 20%); the cell after the question then times the real decode.",
-            answer=lambda m: m["bandwidth_GBps"] * 1e3 / m["w4_mb_per_token"], unit="tok/s",
-            rtol=0.2, needs=("bandwidth_GBps", "w4_mb_per_token"),
-            example_measured={"bandwidth_GBps": 20.0, "w4_mb_per_token": 171.0},
-            explanation="Ceiling = bandwidth ÷ bytes per token, e.g. 20 GB/s ÷ 0.171 GB = 117 tok/s. "
-                        "The measured step reaches only part of it: the LM head and norms, the "
-                        "attention and a hundred small kernel calls do not shrink with the weights, "
-                        "so the speedup over fp32 is smaller than the ratio of bytes."),
+    Numeric("q6", "By what factor does symmetric int4 with one fp16 scale per group of **64** shrink "
+                  "the fp16 weights?",
+            answer=_shrink_g64, unit="x", rtol=0.01,
+            explanation="16 bits ÷ (4 + 16/64) bits = 16 ÷ 4.25 = 3.76×, not 4× (with groups of 128: "
+                        "16 ÷ 4.125 = 3.88×). Memory-bound decode can get at most that much faster; "
+                        "the KV cache does not shrink."),
+    Numeric("q7", "**Predict, then measure** (section 8). Two measured points, the w4 g64 model with a "
+                  "float LM head and with an 8-bit head, fix a step's time as t = t₀ + bytes ÷ B. "
+                  "Predict the decode speed, in tok/s, of the same model with a **4-bit** head (groups "
+                  "of 64, asymmetric). It is marked against the speed the next cell measures, within 20%.",
+            answer=lambda m: m["head4_tok_s"], unit="tok/s", rtol=0.2, needs=("head4_tok_s",),
+            predict=True, example_measured={"head4_tok_s": 94.9},
+            explanation="The 4-bit head saves (8 − 4) ÷ 8 bytes per head weight against the 8-bit one: "
+                        "28.3 M × 0.5 B = 14.2 MB less per token. t = t₀ + bytes ÷ B with t₀ and B "
+                        "from the two measured points gives the speed. The ratio of bytes alone "
+                        "overestimates it: t₀ (attention, norms, sampling, kernel calls, unpacking) "
+                        "does not shrink with the weights."),
     Choice("q8", "Why does quantize_model keep the LM head in floating point by default?",
            options=[
                Option("Its error goes straight into the logits, with no later layer to absorb it, "
                       "at the very step where the next token is chosen", correct=True,
-                      why="Section 7 measures both: quantizing the head saves a large share of the "
+                      why="Section 8 measures both: quantizing the head saves a large share of the "
                           "bytes, and the KL to fp32 grows with it. Keeping it float (or at 8 bits) "
                           "is the usual compromise."),
                Option("The LM head cannot be quantized because it is tied to the embedding",
@@ -97,7 +111,7 @@ QUESTIONS = [
     Choice("q9", "Which method pushes each weight's rounding error onto the columns not yet rounded?",
            options=[
                Option("GPTQ", correct=True,
-                      why="Through the inverse Hessian of the layer's inputs: W[:, i:] −= err · U[i, i:]."),
+                      why="Through the inverse Hessian of the layer's inputs (its Cholesky factor)."),
                Option("AWQ", why="AWQ rescales salient input channels before rounding; each weight is "
                                  "then rounded on its own."),
                Option("RTN", why="Round-to-nearest rounds every weight independently."),
@@ -126,9 +140,65 @@ QUESTIONS = [
                       why="Dynamic per-token scales handle that; the outlier channels are a problem "
                           "within every token."),
            ]),
-    Numeric("q12", "Asymmetric 4-bit weights with groups of 64, one fp16 scale and one 8-bit zero "
+    Numeric("q12", "Asymmetric 4-bit weights with groups of **128**, one fp16 scale and one 8-bit zero "
                    "point per group: how many bits per weight, metadata included?",
-            answer=_bits_per_weight_asym_g64, unit="", rtol=0.01,
-            explanation="4 + (16 + 8) ÷ 64 = 4.375 bits: 9% more than the bare 4 bits. It is what "
-                        "quant.packed_bytes counts for this lab's w4 g64 layers."),
+            answer=_bits_per_weight_asym_g128, unit="", rtol=0.01,
+            explanation="4 + (16 + 8) ÷ 128 = 4.1875 bits, against 4.375 with the lab's groups of 64: "
+                        "larger groups halve the metadata and cost accuracy (section 1's table)."),
+    Numeric("q13", "**Predict, then measure** (section 6). From the weights of each tensor type in the "
+                   "shipped GGUF file and what a block of each type stores (Q4_1: 32 weights in an fp16 "
+                   "scale, an fp16 minimum and 16 bytes of nibbles; Q8_0: 32 int8 values and an fp16 "
+                   "scale; F32: 4 bytes a value), predict the file's tensor data in MB. It is marked "
+                   "against the bytes the file reports, within 5%.",
+            answer=lambda m: m["gguf_tensor_mb"], unit="MB", rtol=0.05, needs=("gguf_tensor_mb",),
+            predict=True, example_measured={"gguf_tensor_mb": 96.58},
+            explanation="Q4_1 is 20 bytes per 32 weights (5 bits), Q8_0 34 bytes per 32 (8.5 bits): "
+                        "106.2 M × 5 ÷ 8 + 28.3 M × 8.5 ÷ 8 + 35 k × 4 = 66.4 + 30.1 + 0.1 = 96.6 MB. "
+                        "Forgetting the scales and minimums (4 and 8 bits) says 81 MB, 16% short."),
+    Numeric("q14", "**Predict, then measure** (section 8). The w4 g64 model reads its bytes per token "
+                   "with a float LM head (section 7). Quantize the head (49,152 × 576, tied to the "
+                   "embedding) to 8 bits in asymmetric groups of 64, with the same metadata as the "
+                   "layers. Predict the new bytes per token, in MB; marked against the model's "
+                   "measured bytes, within 5%.",
+            answer=lambda m: m["head8_mb_per_token"], unit="MB", rtol=0.05,
+            needs=("head8_mb_per_token",), predict=True, example_measured={"head8_mb_per_token": 87.8},
+            explanation="The float head is 28.3 M × 4 B = 113.2 MB of the 171.4; at 8 + 24 ÷ 64 = 8.375 "
+                        "bits it is 29.6 MB: 171.4 − 113.2 + 29.6 = 87.8 MB. The head was two thirds of "
+                        "what a w4 step read."),
+    Numeric("q15", "llama.cpp's Q4_K stores a super-block of 256 weights as 4-bit values, 8 sub-blocks "
+                   "with a 6-bit scale and a 6-bit minimum each, and an fp16 scale and an fp16 minimum "
+                   "for the super-block: 4.5 bits per weight. **Q5_K** is the same with 5-bit values. "
+                   "How many bits per weight does it cost?",
+            answer=_q5_k_bits, unit="", rtol=0.01,
+            explanation="(256 × 5 + 8 × (6 + 6) + 2 × 16) ÷ 256 = (1280 + 96 + 32) ÷ 256 = 5.5 bits "
+                        "(176 bytes a super-block; gguf_types.BLOCKS). The 6-bit sub-block scales are "
+                        "what make K-quants cheaper than Q4_1/Q5_1's fp16 scale and minimum per 32."),
+    Choice("q16", "A Q4_K_M file of SmolLM2 stores most of its matrices as Q5_0, not Q4_K (section 6). Why?",
+           options=[
+               Option("A K-quant row must be a whole number of 256-weight super-blocks, and SmolLM2's "
+                      "rows are 576 weights long: llama.cpp falls back to a 32-block type",
+                      correct=True,
+                      why="576 = 2.25 × 256. Only ffn_down, whose rows are 1536 = 6 × 256, keeps "
+                          "K-quants (Q4_K, and Q6_K in the layers that get more bits); Q4_K falls "
+                          "back to Q5_0 and Q6_K to Q8_0, so this Q4_K_M is larger than Q4_1."),
+               Option("Q4_K_M means 'medium': it always stores 5 bits",
+                      why="The M is the mix: Q6_K for the tensors that hurt most (output, half of "
+                          "attn_v and ffn_down), Q4_K for the rest, where the rows fit."),
+               Option("Small models are quantized with more bits on purpose",
+                      why="llama.cpp's rules look at tensor roles, layer positions and row lengths, "
+                          "not at the model's size."),
+           ]),
+    Choice("q17", "FP8 inference stores weights in E4M3, not E5M2. Why?",
+           options=[
+               Option("A scaled row of weights spans a few decades at most: E4M3's extra mantissa bit "
+                      "(precision) is worth more than E5M2's extra exponent bit (range)", correct=True,
+                      why="Section 6 measures it: at the same 8 bits, E5M2's rounding moves the model "
+                          "further from fp32. E5M2's range is for gradients, whose magnitudes span "
+                          "many decades."),
+               Option("E5M2 cannot represent 0",
+                      why="Both formats have ±0 (and subnormals near it)."),
+               Option("E4M3 has a larger largest value",
+                      why="The opposite: 448 against 57,344. Per-row scales make the range "
+                          "question moot for weights."),
+           ]),
 ]

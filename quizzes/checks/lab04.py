@@ -51,16 +51,15 @@ def _diagnose(what, mine, ref):
             hint = ""
             if len(t1[s]) > len(t2[s]):
                 hint = (" You hold one block too many: a new block is needed only when the last one "
-                        "is full, i.e. when num_tokens % block_size == 0 before the append.")
+                        "is full before the append.")
             elif len(t1[s]) < len(t2[s]):
-                hint = (" You hold too few blocks: ceil(num_tokens / block_size) are needed (and a new one only when the last is full); a token "
-                        "that starts a new block needs a new one.")
+                hint = (" You hold too few blocks: the token that comes after a full block (block_size "
+                        "tokens) starts a new one, and a partly filled block still counts.")
             elif what.startswith("append") and t1[s][:-1] == t2[s][:-1]:
-                hint = (" The last block differs: when the last block is shared (ref_cnt > 1) and not "
-                        "full, copy-on-write: take a new block, drop one reference to the old one, "
-                        "and return [(old, new)].")
+                hint = (" The last block differs: it was shared and not full, so this append had to "
+                        "copy it first (copy-on-write) and report the copy.")
             else:
-                hint = " New blocks come from the head of free_blocks (pop(0))."
+                hint = " New blocks come from the head of free_blocks."
             return f"after {what}: block table of {s!r} is {t1[s]}, reference {t2[s]}.{hint}"
     if r1 != r2:
         b = next(i for i, (a, c) in enumerate(zip(r1, r2)) if a != c)
@@ -77,16 +76,20 @@ def _diagnose(what, mine, ref):
                 f"(ref_cnt > 0) was put back into free_blocks.")
     if sorted(f1) == sorted(f2):
         return (f"after {what}: free_blocks is {f1}, reference {f2}: the same blocks in another order. "
-                f"Append freed blocks at the tail, the sequence's LAST block first (reversed(block_table)), "
-                f"and take new ones from the head.")
+                f"Freed blocks go to the tail, the sequence's last block first, and new ones come "
+                f"from the head.")
     return f"after {what}: free_blocks is {f1}, reference {f2}."
 
 
-@register(cases=3, hint=(
-    "allocate: ceil(num_tokens / block_size) blocks from self._take(). append: last block full "
-    "(num_tokens % block_size == 0) → a new block; shared (ref_cnt > 1) and not full → copy-on-write,"
-    " return [(old, new)]. fork: copy the parent's table and num_tokens, one more reference per "
-    "block. free: self._drop(block) for block in reversed(table)."))
+@register(cases=3, nudge=(
+    "The message names the operation after which your state first differs, and what differs: a "
+    "block table, a ref count, or the order of free_blocks. Replay that operation by hand on the "
+    "state before it."), concept=(
+    "Blocks are shared by counting, not by copying: a ref count says how many block tables hold a "
+    "block, and only a count of 0 returns it to the free queue. A token needs a new block only when "
+    "the last one is full, and a shared last block that is not full must be made private before it "
+    "is written (copy-on-write). The free queue's order is part of the contract: new blocks from the "
+    "head, freed ones to the tail with a sequence's prefix last, so cached prefixes live longest."))
 def block_allocator(case: Case, cls) -> None:
     """Your BlockAllocator(num_blocks, block_size) against minillm's BlockManager over ~30
     random allocate / append / fork / free operations: exact block tables, ref counts, free
@@ -155,11 +158,16 @@ def block_allocator(case: Case, cls) -> None:
 # --------------------------------------------------------------------------- 2. slot mapping
 
 
-@register(cases=3, hint=(
-    "block_table[p // block_size] * block_size + p % block_size for p in range(start, end)."))
+@register(cases=3, nudge=(
+    "Work one position by hand: which entry of the block table holds it, and where does that "
+    "physical block's first slot sit in the pool?"), concept=(
+    "The block table maps a sequence's logical blocks, in order, to physical block ids anywhere in "
+    "the pool. A slot number counts from the pool's first slot, so a physical block's slots start "
+    "after all the blocks with smaller ids; the offset inside the block is the same as in the "
+    "sequence."))
 def slot_mapping(case: Case, fn) -> None:
     """Your slot_mapping(block_table, start, end, block_size) -> the cache slot of each position
-    start .. end-1: block_table[p // block_size] * block_size + p % block_size."""
+    start .. end-1, as a list of ints: through the block table, into the pool's flat slots."""
     bs = case.choice([4, 8, 16])
     n_blocks = case.size(3, 8)
     table = [int(x) for x in case.rng.permutation(64)[:n_blocks]]
@@ -176,10 +184,10 @@ def slot_mapping(case: Case, fn) -> None:
         return
     mistakes = [
         ([table[p // bs] + p % bs for p in range(start, end)],
-         "yours is block_table[p // bs] + p % bs: multiply the block id by block_size to get "
-         "the block's first slot."),
+         "yours adds the block id and the offset: a block id counts blocks, a slot counts tokens, "
+         "so convert the block id to the slot where that block starts."),
         ([table[min(p // bs + 1, n_blocks - 1)] * bs + p % bs for p in range(start, end)],
-         "off by one block: position p is in block_table[p // block_size] (0-based), not the next one."),
+         "off by one block: positions 0 … block_size − 1 live in the table's first entry (0-based)."),
         (list(range(start, end)), "yours is the position itself: that is contiguous storage. Look the "
          "block up in block_table."),
         ([(p // bs) * bs + p % bs for p in range(start, end)],
@@ -207,13 +215,16 @@ def _ref_hashes(tokens, bs):
     return out
 
 
-@register(cases=3, hint=(
-    "loop over the len(token_ids) // block_size full blocks; parent = hash_block_tokens(parent, "
-    "tuple(block)), starting from None."))
+@register(cases=3, nudge=(
+    "Check which blocks get a hash (count them for a prompt that ends mid-block) and what each "
+    "hash is computed from."), concept=(
+    "A block's K and V depend on every token before it, so its cache key must name the whole "
+    "prefix, not only its own tokens: each key is built from the previous block's key and this "
+    "block's tokens. A partial block is still being written and is never cached."))
 def block_hashes(case: Case, fn) -> None:
-    """Your block_hashes(token_ids, block_size) -> one hash per FULL block, chained:
-    h_i = hash_block_tokens(h_{i-1}, tokens of block i), h_{-1} = None. Also fed two prompts
-    that differ only in their first block: no later hash may be shared."""
+    """Your block_hashes(token_ids, block_size) -> one hash per FULL block, each chained to the
+    one before it (hash_block_tokens, the first with no parent). Also fed two prompts that
+    differ only in their first block: no later hash may be shared."""
     from minillm.paged.block_pool import hash_block_tokens
 
     bs = case.choice([4, 8, 16])

@@ -83,10 +83,13 @@ def _state(case: Case):
     return running, waiting
 
 
-@register(cases=6, hint=(
-    "copy the dicts; finished = ids with decode_left == 0; then decodes (1 token each), prefill "
-    "chunks min(prefill_left, budget), then admit waiting[0] while budget > 0 and len(running) < "
-    "max_num_seqs."))
+@register(cases=6, nudge=(
+    "The message names the rule your step broke and the state it started from: replay the rules in "
+    "their order (evict, decode, prefill, admit) on that state by hand."), concept=(
+    "One step spends a token budget in priority order: requests already streaming come first (one "
+    "decode token each, so no prompt can stall them), then the rest of the running prompts, then "
+    "new requests while slots remain. Every request keeps one pair of counters, and the chunk that "
+    "completes a prompt also yields its first output token."))
 def schedule_step(case: Case, fn) -> None:
     """Your schedule_step(running, waiting, max_num_seqs, max_num_batched_tokens) against the
     reference step (evict, decode, chunked prefill, admit under the token budget)."""
@@ -131,9 +134,13 @@ def schedule_step(case: Case, fn) -> None:
     case.compare([dict(r) for r in got["running"]], want["running"], what="running after the step")
 
 
-@register(cases=4, hint=(
-    "static: the sum of max() over consecutive groups of num_slots. continuous: simulate: fill free "
-    "slots from the queue, take one token from each, drop the done, count steps."))
+@register(cases=4, nudge=(
+    "Work a tiny case by hand for the policy the message names, e.g. lengths [3, 1, 1] with 2 "
+    "slots, and compare with what your function returns."), concept=(
+    "Static batching holds every slot of a batch until the batch's longest member ends, then "
+    "starts the next batch. Continuous batching frees a slot the step after its request's last "
+    "token and refills it from the queue at once, so its count comes from following the queue "
+    "step by step."))
 def batch_steps(case: Case, fn) -> None:
     """Your batch_steps(output_lengths, num_slots, policy) -> decode steps to finish all
     requests, for policy "static" (batches of num_slots in order, each runs to its longest)

@@ -86,11 +86,19 @@ def reference_rtn_group(w, bits: int, sym: bool, fp16_scale: bool = True, *, qma
     return q, scale, zero
 
 
-@register(cases=5)
+@register(cases=5, nudge=(
+    "The message names the case (symmetric or asymmetric, the bits, the row) and the first of q, "
+    "scale and zero that differs. Work that row by hand: its range, its step, where its extreme "
+    "value lands on the grid."), concept=(
+    "A grid of integer levels is stretched over each group: the step (scale) is chosen so that the "
+    "group's extreme value lands exactly on the last level, which makes every rounding error at "
+    "most half a step. Symmetric grids are centred on 0 and use the levels that have a mirror; "
+    "asymmetric grids shift all 2^b levels to cover the group's own range, which must still "
+    "contain 0, through an integer zero point. Integers that fall outside the grid are clamped."))
 def rtn_group(case: Case, fn) -> None:
     """Your rtn_group(w, bits, sym) -> (q, scale, zero): each row of w [rows, n] is one group;
-    ŵ = (q − zero) · scale. Symmetric: zero = 0, scale = max|w| / (2^(b−1) − 1). Asymmetric:
-    scale = (max − min) / (2^b − 1) over a range that includes 0, zero = round(−min / scale)."""
+    ŵ = (q − zero) · scale, scale and zero of shape [rows, 1], q integers on the grid
+    (symmetric: zero = 0; asymmetric: a range that includes 0, all 2^b levels)."""
     import torch
 
     from minillm import quant
@@ -121,23 +129,25 @@ def rtn_group(case: Case, fn) -> None:
     slips = []
     if sym:
         slips += [
-            (dict(qmax=2 ** bits - 1), f"the symmetric grid is −{2 ** (bits - 1) - 1} … "
-             f"{2 ** (bits - 1) - 1} at {bits} bits: scale = max|w| / (2^(b−1) − 1), not / (2^b − 1)."),
-            (dict(qmax=2 ** (bits - 1)), f"divide by 2^(b−1) − 1 = {2 ** (bits - 1) - 1}, not 2^(b−1): "
-             f"the largest |w| must land exactly on the top level."),
+            (dict(qmax=2 ** bits - 1), f"your scale is about half the reference's: the symmetric grid "
+             f"at {bits} bits is −{2 ** (bits - 1) - 1} … {2 ** (bits - 1) - 1}, and the largest |w| "
+             f"must land on its top level, not on the top of an unsigned grid."),
+            (dict(qmax=2 ** (bits - 1)), f"your largest |w| lands one level past the top of the "
+             f"symmetric grid (−{2 ** (bits - 1) - 1} … {2 ** (bits - 1) - 1}): the step is slightly "
+             f"too small, and that weight gets clamped."),
             (dict(rounding=torch.floor), "use round-to-nearest (torch.round), not floor: truncation "
              "doubles the worst error and biases every weight downwards."),
             (dict(rounding=torch.trunc), "use round-to-nearest (torch.round), not truncation toward 0."),
         ]
     else:
         slips += [
-            (dict(include_zero=False), "the range must include 0: lo = min(min(w), 0), hi = max(max(w), 0). "
-             "Otherwise a group of positive weights cannot represent 0, and the zero point falls "
-             "outside the integer range."),
-            (dict(zero_point=False), "the asymmetric grid needs a zero point: zero = round(−lo / scale), "
-             "added to round(w / scale) (then clamp to 0 … 2^b − 1)."),
-            (dict(qmax=2 ** (bits - 1) - 1), f"asymmetric uses all 2^b levels: scale = (hi − lo) / "
-             f"(2^b − 1) = / {2 ** bits - 1} at {bits} bits."),
+            (dict(include_zero=False), "your range stops at the group's own minimum and maximum: it "
+             "must include 0, or a group of positive weights cannot represent 0 and its zero point "
+             "falls outside the integer range."),
+            (dict(zero_point=False), "your asymmetric grid has no zero point: its integers start at 0 "
+             "for the group's lowest value, so the integer that stands for w = 0 must be added."),
+            (dict(qmax=2 ** (bits - 1) - 1), f"your step is about twice the reference's: the "
+             f"asymmetric grid uses all 2^b = {2 ** bits} levels at {bits} bits."),
             (dict(rounding=torch.floor), "use round-to-nearest (torch.round), not floor."),
         ]
     for kwargs, message in slips:
@@ -147,14 +157,13 @@ def rtn_group(case: Case, fn) -> None:
                 raise _Difference(f"{where}: {message}")
     s_any = [reference_rtn_group(w, bits, sym, fp16)[1] for fp16 in (True, False)]
     if not any(_close(s, x, atol=0, rtol=1e-5) for x in s_any):
-        expected = ("max|w| / (2^(b−1) − 1)" if sym else "(hi − lo) / (2^b − 1), hi = max(max w, 0), "
-                    "lo = min(min w, 0)")
         raise _Difference(f"{where}: scale is {[round(x, 6) for x in s.flatten().tolist()]}, expected "
-                          f"{[round(x, 6) for x in s_ref.flatten().tolist()]} = {expected}, one per row.")
+                          f"{[round(x, 6) for x in s_ref.flatten().tolist()]}, one per row: the step that "
+                          f"puts the row's extreme value on the grid's last level.")
     if not any(torch.equal(z, reference_rtn_group(w, bits, sym, fp16)[2]) for fp16 in (True, False)):
         raise _Difference(f"{where}: zero is {z.flatten().tolist()}, expected {z_ref.flatten().tolist()}"
                           + (": symmetric quantization has zero = 0." if sym else
-                             ": zero = round(−lo / scale), an integer in 0 … 2^b − 1."))
+                             ": the zero point is the integer that stands for w = 0, within 0 … 2^b − 1."))
     lo_q, hi_q = quant.weights.qrange(bits, sym)
     if q.min() < lo_q or q.max() > hi_q:
         raise _Difference(f"{where}: q holds {int(q.min())} … {int(q.max())}, outside {lo_q} … {hi_q}: "
@@ -200,11 +209,17 @@ def reference_gptq_columns(W, U, scale, zero, bits: int, sym: bool, *, feedback:
     return Q
 
 
-@register(cases=4)
+@register(cases=4, nudge=(
+    "The message says how far your Q agrees with the reference (the first column that differs) or "
+    "which part of the update it recognised as missing or turned around."), concept=(
+    "GPTQ rounds one column at a time and lets the columns not yet rounded absorb that column's "
+    "error, in proportion to how their inputs correlate with its input: the inverse Hessian holds "
+    "those proportions, and its Cholesky factor U hands them out one row per step, its diagonal "
+    "entry setting the scale. Each column is rounded as it is after all earlier corrections."))
 def gptq_columns(case: Case, fn) -> None:
     """Your gptq_columns(W, U, scale, zero, bits, sym) -> Q: quantize W [out, in] column by
-    column on the fixed grid (scale, zero [out, 1]); after column i, push its rounding error
-    (w_i − ŵ_i) / U[i, i] onto the later columns along row i of U."""
+    column on the fixed grid (scale, zero [out, 1]), correcting the later columns after each
+    one through row i of U; Q is the integers, equal to quant.gptq's."""
     import torch
 
     from minillm import quant
@@ -228,13 +243,13 @@ def gptq_columns(case: Case, fn) -> None:
         raise _Difference(f"{where}: return the integers Q (quantize_with(...)), not the "
                           f"dequantized weights.")
     slips = [
-        (dict(feedback=False), "this is plain RTN: every column was rounded on its own. After "
-                               "rounding column i, subtract err · U[i, i:] from W[:, i:], with "
-                               "err = (w_i − ŵ_i) / U[i, i], before rounding column i + 1."),
-        (dict(divide=False), "divide the error by U[i, i]: err = (w_i − ŵ_i) / U[i, i]. Row i of U "
-                             "then gives each later column its share, U[i, j] / U[i, i]."),
-        (dict(sign=-1.0), "the update has the wrong sign: W[:, i:] -= err ⊗ U[i, i:] (subtract), "
-                          "so later columns move to make up for column i's error."),
+        (dict(feedback=False), "this is plain RTN: every column was rounded on its own, and no "
+                               "column's error reached the columns after it."),
+        (dict(divide=False), "the correction is off by a factor per column: the error was not "
+                             "scaled by row i's diagonal entry of U, so each later column gets the "
+                             "wrong share."),
+        (dict(sign=-1.0), "the update has the wrong sign: the later columns moved in the same "
+                          "direction as column i's error, adding to it instead of making up for it."),
     ]
     for kwargs, message in slips:
         if torch.equal(Q, reference_gptq_columns(W, U, scale, zero, bits, sym, **kwargs)):
@@ -242,7 +257,7 @@ def gptq_columns(case: Case, fn) -> None:
     first = int((Q != Q_ref).any(0).nonzero()[0])
     raise _Difference(f"{where}: columns 0..{first - 1} match, column {first} differs (yours "
                       f"{Q[:, first].long().tolist()}, reference {Q_ref[:, first].long().tolist()}). "
-                      + ("Column 0 is plain rounding: quantize_with(W[:, 0:1], scale, zero, bits, sym)."
+                      + ("Column 0 has no earlier error to absorb: it is plain rounding on the grid."
                          if first == 0 else
                          "Check the update after each column: it must use the error of the weight as "
                          "it was when rounded (already corrected by the earlier columns)."))
@@ -286,12 +301,18 @@ def _awq_variant(w, x, bits, group_size, stat="mean_abs", normalise=True, multip
     return best[2], best[1]
 
 
-@register(cases=3)
+@register(cases=3, nudge=(
+    "The message names the slip it recognised, or the α you picked against the reference's with "
+    "the reference's error at both: rerun your search and print its error for every α."), concept=(
+    "Scaling input channel j of w up by s_j (and its input down by s_j, folded into the previous "
+    "op) leaves the layer's output unchanged in exact arithmetic but shrinks that channel's "
+    "rounding error. AWQ ranks channels by how loud their inputs are on average and searches one "
+    "exponent that trades protecting the loud channels against resolution for the quiet ones; a "
+    "setting is judged by the layer's output on real inputs, never by its weights."))
 def awq_scale(case: Case, fn) -> None:
-    """Your awq_scale(w, x, bits, group_size) -> (s, alpha): for α in 0, 0.05, …, 0.95, scale
-    the input channels by s = mean|x|^α normalised by sqrt(max s · min s), fake-quantize w·s
-    (asymmetric RTN), divide by s, and keep the α whose output x·ŵᵀ is closest to x·wᵀ
-    (mean squared error)."""
+    """Your awq_scale(w, x, bits, group_size) -> (s, alpha): the grid search of the lab's text
+    (α = 0, 0.05, …, 0.95; scales from mean|x|, normalised; asymmetric RTN), keeping the α whose
+    fake-quantized output on x is closest to the float output."""
     import torch
 
     out_f, g = case.size(8, 24), case.choice([16, 32])
@@ -316,14 +337,14 @@ def awq_scale(case: Case, fn) -> None:
     if abs(alpha - a_ref) < 1e-9 and _close(s, s_ref, atol=1e-6, rtol=1e-4):
         return
     slips = [
-        (dict(stat="max_abs"), "saliency is the MEAN of |x| over tokens (x.abs().mean(0)), not the max: "
-                               "AWQ protects channels that are large on average."),
-        (dict(stat="mean"), "take |x| before averaging: x.abs().mean(0). Signed activations cancel."),
-        (dict(normalise=False), "normalise s: s / sqrt(s.max() · s.min()), so the scales straddle 1 "
-                                "(the search's α = 0 is then exactly RTN)."),
-        (dict(pick=max), "keep the α with the SMALLEST output error, not the largest."),
-        (dict(multiply=False), "scale the weights UP on salient channels: quantize w · s, then divide "
-                               "by s (the 1/s goes into the previous op)."),
+        (dict(stat="max_abs"), "your saliency is each channel's peak |x|; AWQ ranks channels by how "
+                               "large they are on average over the tokens."),
+        (dict(stat="mean"), "your saliency averages signed activations, which cancel: use magnitudes."),
+        (dict(normalise=False), "your scales are not normalised: they must straddle 1, as the lab's "
+                                "text describes, so that the search's α = 0 is exactly RTN."),
+        (dict(pick=max), "you kept the α with the largest output error."),
+        (dict(multiply=False), "your scales shrink the salient channels before rounding: AWQ "
+                               "enlarges them (and undoes it after rounding)."),
     ]
     for kwargs, message in slips:
         s_v, a_v = _awq_variant(w, x, bits, g, **kwargs)
@@ -335,7 +356,7 @@ def awq_scale(case: Case, fn) -> None:
         raise _Difference(f"{where}: you picked α = {alpha:.2f}"
                           + (f" (reference error {mine[0]:.3g} there, against {min(errors):.3g} at "
                              f"α = {a_ref:.2f})" if mine else " (not on the grid 0, 0.05, …, 0.95)")
-                          + ". Score each α by ((x·ŵᵀ − x·wᵀ)²).mean(), ŵ = RTN(w · s) / s, "
-                            "clamping mean|x| at 1e-4 before the power.")
+                          + ". Check how you score each α (the mean squared difference of the outputs on "
+                            "x) and the clamp of the saliency before the power.")
     raise _Difference(f"{where}: α is right but " + _first_diff(s, s_ref, "s")
-                      + " s = mean|x|.clamp(min=1e-4) ** α / sqrt(max · min).")
+                      + " Check the clamp before the power and the normalisation.")
