@@ -140,7 +140,7 @@ def test_the_reference_functions_pass_their_own_checks(capsys):
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("wrong, message", [
     (append_shifted(1), "off by +1"),
-    (append_cat, "the K cache was not changed. Write into it in place"),
+    (append_cat, "the K cache was not changed. Write into the tensor you were given, in place"),
     (append_swapped, "K and V are swapped"),
 ])
 def test_kv_append_names_the_slip(wrong, message, seed):
