@@ -326,21 +326,3 @@ def test_max_kv_heads_is_the_largest_divisor_that_fits():
     assert calc.max_kv_heads(64, 80, 128, 32768, 8e9) == 4   # 5 fit by bytes; 5 does not divide 64
     assert calc.max_kv_heads(64, 80, 128, 32768, 1e9) == 0   # not even MQA
 
-
-def test_profile_decode_step_bins_add_up_and_leave_the_model_as_it_was(tiny_model):
-    from minillm.layers.linear import Linear
-    from minillm.measure import profile_decode_step
-
-    backend = tiny_model.attn_backend
-    prof = profile_decode_step(tiny_model, [5, 17, 3, 99], steps=3)
-    assert set(prof.bins) == {"weights", "attention", "rest"}
-    assert prof.bins["weights"] > 0 and prof.bins["attention"] > 0 and prof.bins["rest"] >= 0
-    assert sum(prof.bins.values()) == pytest.approx(prof.step_s)
-    assert sum(prof.share(b) for b in prof.bins) == pytest.approx(1.0)
-    names = [name for name, _, _ in prof.top_ops]
-    assert "minillm::Linear" in names and all(s >= 0 for _, s, _ in prof.top_ops)
-    assert "bin: weights" in prof.table() and "profiled step" in prof.table()
-    assert tiny_model.attn_backend is backend
-    assert not any(m._forward_hooks or m._forward_pre_hooks for m in tiny_model.modules() if isinstance(m, Linear))
-    with pytest.raises(ValueError, match="steps"):
-        profile_decode_step(tiny_model, [5, 17], steps=0)
