@@ -6,7 +6,7 @@ with MINILLM_QUICK=1, which the lab reads to time generation up to 32 tokens ins
 everything else (the real model, the oracle cached == uncached, the checks) runs as usual.
 
 Lab 02 has four exercises: kv_append (1 point), cached_attention (2), kv_cache_bytes (1) and
-gqa_reduction (1).
+max_kv_heads (1).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from quizzes.release import build_lab, render
 
 REPO = Path(__file__).resolve().parents[1]
 SOLUTION = REPO / "solutions" / "02-kv-cache.ipynb"
-EXERCISES = ("kv_append", "cached_attention", "kv_cache_bytes", "gqa_reduction")
+EXERCISES = ("kv_append", "cached_attention", "kv_cache_bytes", "max_kv_heads")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -46,9 +46,11 @@ def cached_attention(q, k_cache, v_cache, start_pos):
     future = torch.arange(S)[None, :] > torch.arange(start_pos, S)[:, None]
     return (scores.masked_fill(future, float("-inf")).softmax(-1) @ v).transpose(1, 2)
 ''',
-    "exercise:gqa_reduction": '''\
-def gqa_reduction(num_heads, num_kv_heads):
-    return num_heads // num_kv_heads
+    "exercise:max_kv_heads": '''\
+def max_kv_heads(num_heads, num_layers, head_dim, seq_len, budget_bytes, dtype_bytes=2):
+    per_head = 2 * num_layers * head_dim * seq_len * dtype_bytes
+    return max((g for g in range(1, num_heads + 1) if num_heads % g == 0 and g * per_head <= budget_bytes),
+               default=0)
 ''',
 }
 
@@ -101,7 +103,7 @@ def test_untouched_lab_scores_zero_and_says_not_implemented(graded):
 def test_solved_lab_gets_full_marks(graded):
     table, out = graded
     assert _points(table, "solved") == {"kv_append": 1.0, "cached_attention": 2.0,
-                                        "kv_cache_bytes": 1.0, "gqa_reduction": 1.0}
+                                        "kv_cache_bytes": 1.0, "max_kv_heads": 1.0}
     graded_nb = nbformat.read(out / "solved" / "02-kv-cache.graded.ipynb", as_version=4)
     text = "".join(o.get("text", "") for c in graded_nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "same tokens with your cache as without a cache: True" in text
@@ -112,7 +114,7 @@ def test_solved_lab_gets_full_marks(graded):
 def test_half_solved_lab_scores_per_exercise_with_the_reason(graded):
     table, out = graded
     assert _points(table, "half") == {"kv_append": 1.0, "cached_attention": 0.0,
-                                      "kv_cache_bytes": 0.0, "gqa_reduction": 1.0}
+                                      "kv_cache_bytes": 0.0, "max_kv_heads": 1.0}
     attention = table[("half", "cached_attention")]
     assert attention["status"] == "fail"
     assert "the scores are scaled by 1/D; the scale is 1/√D" in attention["detail"]

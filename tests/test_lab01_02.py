@@ -33,10 +33,11 @@ def stub(*args, **kwargs):
 # ------------------------------------------------------------------ Lab 01: formulas
 
 LAB01_GOOD = {
-    "decode_ceiling": lambda n, b, bw: bw / (n * b),
+    "decode_ceiling": lambda n, b, bw, kv=0: bw / (n * b + kv),
     "matvec_intensity": lambda r, c, b: 2 * r * c / ((r * c + r + c) * b),
     "matmul_intensity": lambda m, n, k, b: 2 * m * n * k / ((m * k + k * n + m * n) * b),
     "ridge_point": lambda peak, bw: peak / bw,
+    "decode_crossover_batch": calc.decode_crossover_batch,
 }
 
 
@@ -50,16 +51,23 @@ def test_lab01_checks_pass_correct_code_and_flag_stubs(name, capsys):
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("name, wrong, message", [
-    ("decode_ceiling", lambda n, b, bw: bw / n, "You left out dtype_bytes"),
-    ("decode_ceiling", lambda n, b, bw: n * b / bw, "Upside down: that is seconds per token"),
-    ("decode_ceiling", lambda n, b, bw: bw / (2 * n * b), "No factor 2 here"),
-    ("decode_ceiling", lambda n, b, bw: None, "expected one number (a float), got NoneType"),
+    ("decode_ceiling", lambda n, b, bw, kv: bw / (n * b), "You left out the KV cache"),
+    ("decode_ceiling", lambda n, b, bw, kv: bw / (n + kv), "You left out dtype_bytes"),
+    ("decode_ceiling", lambda n, b, bw, kv: bw / ((n + kv) * b), "kv_bytes is already in bytes"),
+    ("decode_ceiling", lambda n, b, bw, kv: (n * b + kv) / bw, "Upside down: that is seconds per token"),
+    ("decode_ceiling", lambda n, b, bw, kv: bw / (2 * (n * b + kv)), "No factor 2 here"),
+    ("decode_ceiling", lambda n, b, bw, kv: None, "expected one number (a float), got NoneType"),
     ("matvec_intensity", lambda r, c, b: 2 / b, "You counted only W's bytes"),
-    ("matvec_intensity", lambda r, c, b: r * c / ((r * c + r + c) * b), "A multiply-add is 2 FLOPs"),
+    ("matvec_intensity", lambda r, c, b: r * c / ((r * c + r + c) * b), "a multiply-add is 2 FLOPs"),
     ("matmul_intensity", lambda m, n, k, b: 2 * m * n * k / (k * n * b), "You counted only B's bytes"),
     ("matmul_intensity", lambda m, n, k, b: 2 * m * n * k / ((m * k + k * n) * b), "You left out writing C"),
     ("matmul_intensity", lambda m, n, k, b: (m * k + k * n + m * n) * b / (2 * m * n * k), "Upside down"),
-    ("ridge_point", lambda peak, bw: bw / peak, "Upside down: the ridge is peak FLOP/s ÷ bandwidth"),
+    ("ridge_point", lambda peak, bw: bw / peak, "Upside down: the ridge is in FLOPs per byte"),
+    ("decode_crossover_batch", lambda f, w, k, r: r * w / f, "You left out the KV cache"),
+    ("decode_crossover_batch", lambda f, w, k, r: r * w / (f - r * k), "expected math.inf"),
+    ("decode_crossover_batch", lambda f, w, k, r: math.inf if f <= r * k else r * w / (f + r * k),
+     "The KV term has the wrong sign"),
+    ("decode_crossover_batch", lambda f, w, k, r: math.inf, "return math.inf only when no positive batch does"),
     ("ridge_point", lambda peak, bw: peak / bw * 1.1, "yours is 1.1 × the reference"),
 ])
 def test_lab01_checks_name_the_slip(name, wrong, message, seed):
@@ -132,7 +140,7 @@ def test_the_reference_functions_pass_their_own_checks(capsys):
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("wrong, message", [
     (append_shifted(1), "off by +1"),
-    (append_cat, "the K cache was not changed. Write into it in place"),
+    (append_cat, "the K cache was not changed. Write into the tensor you were given, in place"),
     (append_swapped, "K and V are swapped"),
 ])
 def test_kv_append_names_the_slip(wrong, message, seed):
@@ -208,8 +216,9 @@ def test_student_functions_plug_into_generate(tiny_model):
     ("kv_cache_bytes", calc.kv_cache_bytes, lambda L, h, d, s, b=2, B=1: L * h * d * s * b * B, "Missing the factor 2"),
     ("kv_cache_bytes", calc.kv_cache_bytes, lambda L, h, d, s, b=2, B=1: 2 * L * h * d * s * b, "You left out batch"),
     ("kv_cache_bytes", calc.kv_cache_bytes, lambda L, h, d, s, b=2, B=1: 2 * L * h * d * s * b * B / 1e9, "return bytes, not GB"),
-    ("gqa_reduction", lambda h, k: h / k, lambda h, k: k / h, "Upside down"),
-    ("gqa_reduction", lambda h, k: h / k, lambda h, k: h - k, "how many KV heads are saved"),
+    ("max_kv_heads", calc.max_kv_heads,
+     lambda h, L, d, s, budget, db=2: int(budget // calc.kv_cache_bytes(L, 1, d, s, db)), "cannot be split evenly"),
+    ("max_kv_heads", calc.max_kv_heads, lambda h, L, d, s, budget, db=2: 1, "1 is MQA"),
 ])
 def test_size_checks(name, good, wrong, message, seed, capsys):
     getattr(check, name)(good, seed=seed)
@@ -249,10 +258,10 @@ def test_bank_question_accepts_its_answer_and_rejects_a_wrong_one(qid):
 
 
 @pytest.mark.parametrize("qid, typed", [
-    ("lab01.q1", "26 GB"), ("lab01.q2", "14.3 tok/s"), ("lab01.q4", "156"), ("lab01.q5", "295"),
-    ("lab01.q6", "1"), ("lab01.q8", "14 TFLOP"),
-    ("lab02.q1", "1.34 GB"), ("lab02.q2", "10.7 GB"), ("lab02.q3", "4x"), ("lab02.q4", "1.07 GB"),
-    ("lab02.q5", "19.3 GB"), ("lab02.q6", "13"), ("lab02.q7", "46 KB"),
+    ("lab01.q1", "26 GB"), ("lab01.q2", "7 TB/s"), ("lab01.q3", "3.95"), ("lab01.q4", "247"),
+    ("lab01.q5", "192"), ("lab01.q6", "2"), ("lab01.q8", "14 TFLOP"),
+    ("lab02.q1", "8.05 GB"), ("lab02.q2", "30518"), ("lab02.q3", "8"), ("lab02.q4", "2.15 GB"),
+    ("lab02.q5", "15"), ("lab02.q6", "59"), ("lab02.q7", "46 KB"),
 ])
 def test_textbook_numbers_as_a_student_types_them(qid, typed):
     assert answer(qid, typed).correct, answer(qid, typed).message
@@ -260,29 +269,60 @@ def test_textbook_numbers_as_a_student_types_them(qid, typed):
 
 def test_textbook_slips_get_useful_feedback():
     assert "Check your units" in answer("lab01.q1", "26e9").message  # bytes typed into a GB question
-    assert "GiB" in answer("lab02.q5", "18.0 GB").message            # the GiB figure, typed as GB
-    assert not answer("lab02.q6", "13.2").correct                     # a sequence cannot be split
+    assert not answer("lab02.q6", "59.6").correct                     # a sequence cannot be split
+    assert not answer("lab02.q5", "15.0 GB").correct                  # sequences, not bytes
+    assert not answer("lab01.q5", "156").correct                      # the ridge itself, KV ignored
 
 
 def test_measured_questions_read_this_machines_values():
-    bw = {"bandwidth_GBps": 20.6, "dtype_bytes": 4}       # ceiling 20.6e9 / 538.3e6 = 38.3 tok/s
-    assert answer("lab01.q9", "38.3 tok/s", measured_values=bw).correct
-    assert not answer("lab01.q9", "76.6 tok/s", measured_values=bw).correct   # bf16 bytes
-    assert not answer("lab01.q9", "20.6", measured_values=bw).correct         # the bandwidth itself
+    assert answer("lab01.q9", "40.9 tok/s", measured_values={"decode_tok_s": 36.2}).correct  # 13% off
+    assert not answer("lab01.q9", "58.8 tok/s", measured_values={"decode_tok_s": 36.2}).correct  # STREAM
     assert answer("lab01.q9", "30", measured_values={}).status == "invalid"   # not measured yet
-    gpu = {"bandwidth_GBps": 3000.0, "dtype_bytes": 2}   # an H100 in bf16: 3e12 / 269e6
-    assert answer("lab01.q9", "11150 tok/s", measured_values=gpu).correct
-    assert not answer("lab01.q9", "5575 tok/s", measured_values=gpu).correct  # fp32 bytes on a GPU
-    launch = {"launches_per_step": 1223, "launch_us": 3.2}  # 1,223 × 3.2 µs = 3.91 ms
-    assert answer("lab01.q13", "3.9 ms", measured_values=launch).correct
-    assert answer("lab01.q13", "0.0039 s", measured_values=launch).correct
-    assert not answer("lab01.q13", "3.9 us", measured_values=launch).correct  # one launch, not the step
-    assert not answer("lab01.q13", "1.2 ms", measured_values=launch).correct
-    both = {**bw, "decode_tok_s": 20.4}                  # 20.4 / 38.3 = 53% of the ceiling
-    assert answer("lab01.q12", "53%", measured_values=both).correct
-    assert answer("lab01.q12", "60", measured_values=both).correct            # within 20%
-    assert not answer("lab01.q12", "100%", measured_values=both).correct      # "decode reaches the ceiling"
-    assert not answer("lab01.q12", "30%", measured_values=both).correct
+    prefill = {"prefill_tok_s": 629.0, "decode_tok_s": 36.2}
+    assert answer("lab01.q12", "17.4x", measured_values=prefill).correct
+    assert not answer("lab01.q12", "128", measured_values=prefill).correct    # tokens, not speed
+    eager = {"eager_step_ms": 24.9}
+    assert answer("lab01.q13", "27.0 ms", measured_values=eager).correct
+    assert answer("lab01.q13", "0.027 s", measured_values=eager).correct
+    assert not answer("lab01.q13", "2.5 ms", measured_values=eager).correct   # the launch floor alone
+    prof = {"profile_step_ms": 32.0, "profile_weights_ms": 25.0}
+    assert answer("lab01.q15", "1.64", measured_values=prof).correct          # 32 / (32 - 12.5)
+    assert not answer("lab01.q15", "2", measured_values=prof).correct         # Amdahl ignored
     assert answer("lab02.q8", "12.1 MB", measured_values={"kv_bytes": 46080 * 263}).correct
-    assert answer("lab02.q9", "5.5x", measured_values={"speedup_max": 5.2}).correct
-    assert not answer("lab02.q9", "40x", measured_values={"speedup_max": 5.2}).correct
+    assert answer("lab02.q9", "12.0x", measured_values={"speedup_max": 12.3}).correct
+    assert not answer("lab02.q9", "40x", measured_values={"speedup_max": 12.3}).correct
+    assert answer("lab02.q13", "2.86 s", measured_values={"uncached_32_s": 3.0}).correct
+    assert not answer("lab02.q13", "0.92 s", measured_values={"uncached_32_s": 3.0}).correct  # T × cached step
+
+
+# ------------------------------------------------------------------ the oracles the labs added
+
+
+def test_decode_crossover_batch_is_where_the_step_meets_the_ridge():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        f, w, ridge = (float(x) for x in torch.rand(3, generator=gen) * torch.tensor([1e11, 1e11, 300]) + 1)
+        k = float(torch.rand(1, generator=gen)) * f / ridge * 2  # half the cases never reach it
+        b = calc.decode_crossover_batch(f, w, k, ridge)
+        if f <= ridge * k:
+            assert b == math.inf
+        else:
+            assert b * f / (w + b * k) == pytest.approx(ridge, rel=1e-9)
+    assert calc.decode_crossover_batch(140e9, 140e9, 0, 156) == pytest.approx(156)  # no KV: B = ridge·W/f
+    with pytest.raises(ValueError, match="ridge"):
+        calc.decode_crossover_batch(1e9, 1e9, 0, 0)
+
+
+def test_max_kv_heads_is_the_largest_divisor_that_fits():
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(50):
+        h = int(torch.randint(1, 65, (1,), generator=gen))
+        layers, d, seq = int(torch.randint(1, 40, (1,), generator=gen)), 64, int(torch.randint(1, 9000, (1,), generator=gen))
+        per_head = calc.kv_cache_bytes(layers, 1, d, seq, 2)
+        budget = float(torch.rand(1, generator=gen)) * (h + 1) * per_head
+        want = max([g for g in range(1, h + 1) if h % g == 0 and calc.kv_cache_bytes(layers, g, d, seq, 2) <= budget],
+                   default=0)
+        assert calc.max_kv_heads(h, layers, d, seq, budget) == want
+    assert calc.max_kv_heads(64, 80, 128, 32768, 8e9) == 4   # 5 fit by bytes; 5 does not divide 64
+    assert calc.max_kv_heads(64, 80, 128, 32768, 1e9) == 0   # not even MQA
+

@@ -416,15 +416,17 @@ def test_bank_accepts_its_computed_answers():
 
 
 def test_bank_numbers_are_the_books():
-    assert expected("lab03.q1") == pytest.approx(0.537, rel=1e-3) and expected("lab03.q2") == 8
-    assert not answer("lab03.q1", "4.29 GB").correct  # full attention at 32K: the window was ignored
-    assert expected("lab03.q4") == pytest.approx(34.36, rel=1e-3)
-    assert answer("lab03.q4", "32 GiB").correct
-    assert "GiB" in answer("lab03.q4", "32 GB").message  # the common simplification gets a hint
-    assert expected("lab03.q9") == pytest.approx(4.0, rel=1e-2)
-    assert expected("lab03.q10") == pytest.approx(0.32, rel=1e-2)
-    m = {"mha_step_ms": 100.0, "mha_step_bytes": 400e6, "mqa_step_bytes": 100e6}
-    assert expected("lab03.q3", m) == pytest.approx(25.0)
-    assert answer("lab03.q3", "25 ms", m).correct and not answer("lab03.q3", "100 ms", m).correct
+    assert expected("lab03.q1") == pytest.approx(8.590 - 1.074, rel=1e-3)  # full at 64K minus the window
+    assert not answer("lab03.q1", "1.07 GB").correct  # the window's cache, not what it saves
+    assert expected("lab03.q2") == pytest.approx(16 * (1.342 - 0.168), rel=2e-3)
+    assert expected("lab03.q4") == pytest.approx(68.72, rel=1e-3)
+    assert answer("lab03.q4", "64 GiB").correct
+    assert expected("lab03.q9") == pytest.approx(16.0, rel=1e-2)
+    assert expected("lab03.q10") == pytest.approx(3.2, rel=1e-2)
+    m = {"mha_step_ms": 100.0, "mqa_step_ms": 40.0, "mha_step_bytes": 400e6, "mqa_step_bytes": 100e6}
+    assert expected("lab03.q3", m) == pytest.approx(5.0)  # 300 MB more in 60 ms more
+    assert answer("lab03.q3", "5 GB/s", m).correct and not answer("lab03.q3", "4 GB/s", m).correct  # 400 MB / 100 ms
     m = {"naive_peak_2048_MB": 464.0}  # predicted as 4 × the 1,024 measurement (119 MB here)
     assert answer("lab03.q5", "476 MB", m).correct and not answer("lab03.q5", "238 MB", m).correct
+    m = {"attn_decode_16k_ms": 16.4}  # predicted as 2 × the 8,192-token call (8.3 ms here)
+    assert answer("lab03.q11", "16.6 ms", m).correct and not answer("lab03.q11", "8.3 ms", m).correct

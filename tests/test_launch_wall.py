@@ -1,6 +1,7 @@
 """The launch wall (`minillm.measure.launch`, Lab 01 section 8): the floors' formulas, the
 profiler's counts and the measured steps, on a tiny random model; on a GPU, the CUDA graph
 cutting the launches of a step while keeping its kernels, and the other device defaults.
+Also section 9's profile of a decode step (`minillm.measure.step_profile`).
 
 The CPU tests check counts and relations, never timing thresholds: a step is timed, and
 only its being positive and consistent with the floors' arithmetic is asserted.
@@ -117,3 +118,28 @@ def minillm_kv_device():
     import minillm
 
     return minillm.KVCache(ModelConfig.tiny(), 1, 8).k[0].device
+
+
+def test_profile_decode_step_bins_add_up_and_leave_the_model_as_it_was():
+    """Section 9's profile on the default device (a GPU under gpu_check): the bins add up, the
+    ranges are found, and the model is left as it was."""
+    from minillm.layers.linear import Linear
+    from minillm.measure import profile_decode_step
+
+    model = tiny()
+
+    backend = model.attn_backend
+    prof = profile_decode_step(model, [5, 17, 3, 99], steps=3)
+    assert set(prof.bins) == {"weights", "attention", "rest"}
+    assert prof.bins["weights"] > 0 and prof.bins["attention"] > 0 and prof.bins["rest"] >= 0
+    assert sum(prof.bins.values()) == pytest.approx(prof.step_s)
+    assert sum(prof.share(b) for b in prof.bins) == pytest.approx(1.0)
+    names = [name for name, _, _ in prof.top_ops]
+    assert names and all(s >= 0 for _, s, _ in prof.top_ops)
+    if model.device.type == "cpu":  # the C++ weight product runs inside the range: its self time
+        assert "minillm::Linear" in names
+    assert "bin: weights" in prof.table() and "profiled step" in prof.table()
+    assert model.attn_backend is backend
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules() if isinstance(m, Linear))
+    with pytest.raises(ValueError, match="steps"):
+        profile_decode_step(model, [5, 17], steps=0)

@@ -202,13 +202,17 @@ def attention_variants_data(context_len: int = 4096, batch: int = 4, *, base: Mo
                 f"This machine's measured bandwidth is {bandwidth_bytes_per_s / 1e9:.1f} GB/s: the steps reach "
                 + " / ".join(f"{100 * r.achieved_bytes_per_s / bandwidth_bytes_per_s:.0f}%" for r in rows.values())
                 + " of it.")
+        time_ratio, bytes_ratio = mha.step_s / mqa.step_s, mha.step_bytes / mqa.step_bytes
         summary.append(
-            f"MHA ÷ MQA: time {mha.step_s / mqa.step_s:.2f}×, bytes read {mha.step_bytes / mqa.step_bytes:.2f}×. "
+            f"MHA ÷ MQA: time {time_ratio:.2f}×, bytes read {bytes_ratio:.2f}×. "
             "A decode step must read every weight and the whole KV cache; the fewer KV heads, the "
-            "fewer bytes, the shorter the step. The time shrinks less than the bytes: fixed per-step "
-            "costs remain (on a GPU, the launch of every kernel of the step: Lab 01's launch "
-            "wall), and an attention kernel with one query per row runs below the machine's "
-            "bandwidth.")
+            "fewer bytes, the shorter the step. "
+            + ("Here the time shrinks less than the bytes: fixed per-step costs remain (on a GPU, "
+               "the launch of every kernel of the step: Lab 01's launch wall), and an attention "
+               "kernel with one query per row runs below the machine's bandwidth."
+               if time_ratio < bytes_ratio else
+               "Here the time shrinks at least as much as the bytes: the step is bound by the bytes "
+               "it reads, and the smaller cache may also fit better in the CPU's caches."))
     title = (f"MHA / GQA / MQA, {base.name} shapes: context {context_len:,}, batch {batch}"
              + (f" (measured with {num_layers} layers)" if measure else ""))
     return AttentionVariantsData(base.name, context_len, batch, num_layers, base.num_layers,

@@ -91,13 +91,9 @@ def attainable_flops(intensity, peak_flops: float, bandwidth: float):
 
 def decode_crossover_batch(flops_per_seq: float, weight_bytes: float, kv_bytes_per_seq: float,
                            ridge: float) -> float:
-    """Batch B where a decode step's intensity ``B·f / (W + B·k)`` reaches ``ridge``:
-    ``B = ridge·W / (f − ridge·k)``. ``math.inf`` if it never does (the KV cache alone keeps
-    the intensity below ``f / k``, under the ridge)."""
-    denom = flops_per_seq - ridge * kv_bytes_per_seq
-    if denom <= 0:
-        return math.inf
-    return ridge * weight_bytes / denom
+    """Batch B where a decode step's intensity ``B·f / (W + B·k)`` reaches ``ridge``
+    (``calc.decode_crossover_batch``; ``math.inf`` if it never does)."""
+    return calc.decode_crossover_batch(flops_per_seq, weight_bytes, kv_bytes_per_seq, ridge)
 
 
 def _roof(limits: Limits, xs: np.ndarray) -> Roof:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from ._common import DTYPE_BYTES, GB, KB, MB, TB, GiB
 from .attention import (attention_intensity, attention_kind, attention_matrix_bytes, gqa_reduction,
-                        rope_max_wavelength, rope_ntk_theta, sliding_window_kv_tokens)
+                        max_kv_heads, rope_max_wavelength, rope_ntk_theta, sliding_window_kv_tokens)
 from .batching import (continuous_batch_ideal_throughput, static_batch_throughput,
                        static_batch_utilization, static_batch_wasted_steps)
 from .capacity import (Design, MemoryBudget, StepModel, activation_bytes, design_deployment,
@@ -58,7 +58,7 @@ from .serving import (e2e_latency_s, kv_fragmentation, kv_transfer_time_s, littl
                       queueing_latency_s, replicas_needed, utilization)
 from .speculative import (spec_acceptance_probability, spec_expected_tokens,
                           spec_expected_tokens_naive, spec_optimal_k, spec_speedup)
-from .speed import (batched_decode_tokens_per_s, decode_flops, decode_step_time_s,
+from .speed import (batched_decode_tokens_per_s, decode_crossover_batch, decode_flops, decode_step_time_s,
                     decode_tokens_per_s, launch_floor_s, matmul_intensity, matvec_intensity,
                     prefill_flops, ridge_point, roofline_flops, step_floor_s)
 
@@ -68,8 +68,8 @@ __all__ = [
     "max_concurrent_sequences",
     "decode_tokens_per_s", "decode_step_time_s", "batched_decode_tokens_per_s",
     "prefill_flops", "decode_flops", "matvec_intensity", "matmul_intensity", "ridge_point",
-    "roofline_flops", "launch_floor_s", "step_floor_s",
-    "gqa_reduction", "attention_kind", "attention_matrix_bytes", "attention_intensity",
+    "roofline_flops", "launch_floor_s", "step_floor_s", "decode_crossover_batch",
+    "gqa_reduction", "max_kv_heads", "attention_kind", "attention_matrix_bytes", "attention_intensity",
     "sliding_window_kv_tokens", "rope_max_wavelength", "rope_ntk_theta",
     "static_batch_wasted_steps", "static_batch_utilization", "static_batch_throughput",
     "continuous_batch_ideal_throughput",

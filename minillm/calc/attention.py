@@ -16,6 +16,24 @@ def gqa_reduction(num_heads, num_kv_heads) -> int:
     return h // hkv
 
 
+def max_kv_heads(num_heads, num_layers, head_dim, seq_len, budget_bytes, dtype_bytes=2) -> int:
+    """The most KV heads a model with ``num_heads`` query heads can keep when one sequence of
+    ``seq_len`` tokens may use ``budget_bytes`` of KV cache; 0 when not even MQA fits.
+
+    Every KV head serves the same number of query heads, so the count must divide
+    ``num_heads``: the largest divisor whose cache (``kv_cache_bytes``) fits the budget.
+    Llama-2-70B's shape (64 heads, 80 layers, head_dim 128) at 32,768 tokens in fp16 costs
+    1.34 GB per KV head: 8 GB allows 5 by bytes, so 4 (64 is not divisible by 5).
+    """
+    from .memory import kv_cache_bytes
+
+    h = _int("num_heads", num_heads)
+    budget = _real("budget_bytes", budget_bytes, allow_zero=True)
+    per_head = kv_cache_bytes(num_layers, 1, head_dim, seq_len, dtype_bytes)
+    fits = [g for g in range(1, h + 1) if h % g == 0 and g * per_head <= budget * (1 + 1e-12)]
+    return max(fits, default=0)
+
+
 def attention_kind(num_heads, num_kv_heads) -> str:
     """Name the attention variant: ``"MHA"`` (one KV head per query head), ``"MQA"`` (one KV
     head in all) or ``"GQA"`` (groups of query heads share a KV head)."""

@@ -8,6 +8,8 @@ issues per step times the cost of issuing one (``launch_floor_s``, ``step_floor_
 
 from __future__ import annotations
 
+import math
+
 from ._common import _attention_dims, _int, _real
 from .memory import weight_bytes
 
@@ -137,6 +139,24 @@ def ridge_point(peak_flops, bandwidth_bytes_per_s) -> float:
     A100: 312e12 / 2e12 = 156 (153 with the exact 2.039 TB/s). H100 SXM: 989e12 / 3.35e12 = 295.
     """
     return _real("peak_flops", peak_flops) / _real("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+
+
+def decode_crossover_batch(flops_per_seq, weight_bytes, kv_bytes_per_seq, ridge) -> float:
+    """Batch B at which a decode step turns compute-bound: its intensity ``B·f / (W + B·k)``
+    reaches ``ridge``, so ``B = ridge·W / (f − ridge·k)``; ``math.inf`` when no batch does.
+
+    f: FLOPs per sequence (about 2·N), W: weight bytes (read once for the whole batch),
+    k: KV-cache bytes per sequence (each sequence reads its own). The intensity tends to
+    f / k as B grows, so when f / k is at or below the ridge no batch reaches it.
+    Llama-2-70B in fp16 on an A100 (ridge 156) with 512 cached tokens: B ≈ 192; with 4,096,
+    never.
+    """
+    f = _real("flops_per_seq", flops_per_seq)
+    w = _real("weight_bytes", weight_bytes)
+    k = _real("kv_bytes_per_seq", kv_bytes_per_seq, allow_zero=True)
+    r = _real("ridge", ridge)
+    denom = f - r * k
+    return math.inf if denom <= 0 else r * w / denom
 
 
 def roofline_flops(intensity, peak_flops, bandwidth) -> float:

@@ -27,6 +27,8 @@ Layout (every name is re-exported here, e.g. ``measure.measure_attention_decode`
                   process on a CPU, the allocator's peak on CUDA)
     launch.py     the launch wall: measure_launch_cost, count_step_ops (torch.profiler),
                   measure_launch_wall (eager, compiled, CUDA-graph decode against its floors)
+    step_profile.py where a decode step's time goes: profile_decode_step (torch.profiler;
+                  weight products, attention, the rest; the top operators)
 
 Every function runs on ``device`` (None: ``minillm.devices.default_device()``), or on the
 model's device for the model-level ones: the roofline's points and roof come from one device
@@ -39,6 +41,7 @@ from .launch import LaunchWall, count_step_ops, measure_launch_cost, measure_lau
 from .memory import attention_peak_growth
 from .operators import measure_attention_decode, measure_matmul, measure_matvec
 from .results import OpMeasurement, check_same_device, format_table, roofline_fraction
+from .step_profile import StepProfile, profile_decode_step
 from .steps import (DEFAULT_BATCH_SIZES, matmul_params, measure_decode_steps,
                     measure_operations, measure_prefill)
 
@@ -47,5 +50,5 @@ __all__ = [
     "measure_prefill", "measure_matmul", "measure_matvec", "measure_attention_decode",
     "measure_operations", "roofline_fraction", "format_table", "attention_peak_growth",
     "check_same_device", "LaunchWall", "measure_launch_cost", "count_step_ops",
-    "measure_launch_wall",
+    "measure_launch_wall", "StepProfile", "profile_decode_step",
 ]

@@ -3,7 +3,7 @@
     check.kv_append(kv_append)              # (k_cache, v_cache, k_new, v_new, start_pos) -> None, in place
     check.cached_attention(cached_attention)  # (q, k_cache, v_cache, start_pos) -> [B, T, Hq, D]
     check.kv_cache_bytes(kv_cache_bytes)    # (num_layers, num_kv_heads, head_dim, seq_len, dtype_bytes, batch)
-    check.gqa_reduction(gqa_reduction)      # (num_heads, num_kv_heads) -> how many times smaller
+    check.max_kv_heads(max_kv_heads)        # (num_heads, num_layers, head_dim, seq_len, budget_bytes, dtype_bytes)
 
 Layouts are minillm's (``minillm.kv_cache``): caches are [B, max_seq, Hkv, D], new K/V and
 queries [B, T, H, D]; the T new tokens sit at positions start_pos .. start_pos+T-1. The
@@ -16,7 +16,8 @@ beyond start_pos+T, so reading or writing one position too far shows up. Cases c
 decode step (T = 1) and a chunk of T > 1 tokens at start_pos > 0, GQA groups of 1 to 3
 query heads per KV head, and float64 as well as float32 (a hard-coded dtype shows). The
 student's function gets clones; a mistake is named only when it reproduces the
-student's output exactly (within tolerance) and the correct answer does not.
+student's output exactly (within tolerance) and the correct answer does not. Messages
+say what is wrong and where; none spells out a line of the exercise's solution.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import math
 from .core import Case, _Difference, register
 from .lab01 import _judge
 
-__all__ = ["kv_append", "cached_attention", "kv_cache_bytes", "gqa_reduction"]
+__all__ = ["kv_append", "cached_attention", "kv_cache_bytes", "max_kv_heads"]
 
 _ATT_TOL = dict(atol=1e-5, rtol=1e-4)
 
@@ -54,9 +55,9 @@ def _diagnose_append(name: str, yours, ref, before, new, other_new, start: int) 
         return None
     T = new.shape[1]
     if torch.equal(yours, before):
-        return (f"the {name} cache was not changed. Write into it in place, "
-                f"`{name.lower()}_cache[:, start_pos:start_pos + T] = {name.lower()}_new`: generate() keeps "
-                "using the buffers it passed you, so returning a new tensor (torch.cat) is lost.")
+        return (f"the {name} cache was not changed. Write into the tensor you were given, in place: "
+                "generate() keeps using the buffers it passed you, so a new tensor (torch.cat, or a "
+                "name rebound to a copy) is lost.")
     landed = _positions_written(yours, new, before)
     if landed and start not in landed:
         s = landed[0]
@@ -76,9 +77,13 @@ def _diagnose_append(name: str, yours, ref, before, new, other_new, start: int) 
             f"yours {yv:.6g}, reference {rv:.6g} (at [0, {first}, 0, 0]).")
 
 
-@register(cases=4, hint=(
-    "T = k_new.shape[1]; k_cache[:, start_pos:start_pos + T] = k_new, and the same for V (slice "
-    "assignment writes in place)."))
+@register(
+    cases=4,
+    nudge="Which positions (dim 1) of the cache belong to the T new tokens, and does your code write "
+          "into the caller's tensor or into a new one?",
+    concept="A KV cache is a preallocated buffer indexed by position: token p of the sequence lives in "
+            "slot p. Appending writes the new tokens' slots in place and leaves every other slot alone, "
+            "because earlier tokens live there and later steps will fill the rest.")
 def kv_append(case: Case, fn) -> None:
     """Your kv_append(k_cache, v_cache, k_new, v_new, start_pos): write the T new tokens'
     K and V ([B, T, Hkv, D]) into the caches ([B, max_seq, Hkv, D]) at positions
@@ -185,10 +190,13 @@ def _explains(yours, variant, ref) -> bool:
     return bool(torch.allclose(a, b, **_ATT_TOL, equal_nan=True))
 
 
-@register(cases=4, hint=(
-    "S = start_pos + T; take cache[:, :S] as [B, Hkv, S, D] and repeat_interleave the KV heads up to "
-    "Hq; scores = q·kᵀ/√D, set key s > start_pos + t to -inf, softmax, multiply by v, back to [B, T, "
-    "Hq, D]."))
+@register(
+    cases=4,
+    nudge="Check, in this order: how many cache slots are visible, which KV head each query head "
+          "reads, the scale, which keys each new query may see, and the layout you return.",
+    concept="Attention over a cache is ordinary causal attention whose keys are the cached positions "
+            "0 .. start_pos+T−1: the new queries sit at the end of the sequence, so query t sees every "
+            "earlier position and itself. Under GQA a group of consecutive query heads shares one KV head.")
 def cached_attention(case: Case, fn) -> None:
     """Your cached_attention(q, k_cache, v_cache, start_pos): the T new queries ([B, T, Hq, D],
     positions start_pos..start_pos+T-1) attend over cache slots 0..start_pos+T-1 with a causal
@@ -229,10 +237,16 @@ def cached_attention(case: Case, fn) -> None:
 # --------------------------------------------------------------------------- sizes
 
 
-@register(cases=5, hint="2 (K and V) · num_layers · num_kv_heads · head_dim · seq_len · dtype_bytes · batch.")
+@register(
+    cases=5,
+    nudge="Look at the cache's tensors in section 1: how many are there per layer, what is each "
+          "one's shape, and how many bytes is one element? Is anything shared between sequences?",
+    concept="The cache is just tensors: its size is the number of elements they hold times the bytes "
+            "per element. Every layer stores its own keys and its own values, for every KV head, "
+            "position and sequence.")
 def kv_cache_bytes(case: Case, fn) -> None:
     """Your kv_cache_bytes(num_layers, num_kv_heads, head_dim, seq_len, dtype_bytes, batch):
-    the bytes of the KV cache, 2 · layers · kv_heads · head_dim · seq_len · dtype_bytes · batch."""
+    the bytes of the KV cache of ``batch`` sequences of ``seq_len`` tokens."""
     from minillm import calc
 
     layers, hkv = case.size(1, 96), case.choice([1, 2, 3, 4, 8, 16, 32, 64])
@@ -243,7 +257,7 @@ def kv_cache_bytes(case: Case, fn) -> None:
     ref = calc.kv_cache_bytes(layers, hkv, d, seq, db, batch)
     yours = case.call(fn, layers, hkv, d, seq, db, batch)
     _judge(case, yours, ref, "KV-cache bytes", [
-        (ref / 2, "Missing the factor 2: the cache holds a K and a V vector per KV head, per layer."),
+        (ref / 2, "Missing the factor 2: the cache holds a K and a V per KV head, per layer."),
         (ref / batch, "You left out batch: every sequence has its own cache."),
         (ref / db, "You left out dtype_bytes: bytes = elements · dtype_bytes."),
         (ref / layers, "You left out num_layers: every layer keeps its own K and V."),
@@ -252,20 +266,38 @@ def kv_cache_bytes(case: Case, fn) -> None:
     ])
 
 
-@register(cases=4, hint=(
-    "MHA stores num_heads K/V heads per layer, GQA num_kv_heads: the ratio num_heads ÷ num_kv_heads."))
-def gqa_reduction(case: Case, fn) -> None:
-    """Your gqa_reduction(num_heads, num_kv_heads): how many times smaller the KV cache is
-    than with MHA (one KV head per query head)."""
+@register(
+    cases=5,
+    nudge="Two conditions: the cache must fit the budget, and the KV heads must split the query heads "
+          "into equal groups. Which candidate counts pass both, and which of them is the largest?",
+    concept="GQA lets g query heads share one KV head, so the number of KV heads must divide the number "
+            "of query heads, and the cache grows in proportion to it. Choosing it is a trade: more KV "
+            "heads keep more of MHA's quality, fewer fit longer contexts and bigger batches.")
+def max_kv_heads(case: Case, fn) -> None:
+    """Your max_kv_heads(num_heads, num_layers, head_dim, seq_len, budget_bytes, dtype_bytes):
+    the largest number of KV heads that divides num_heads and whose cache of one seq_len-token
+    sequence fits in budget_bytes; 0 when not even one KV head fits (one case)."""
     from minillm import calc
 
-    hkv = case.choice([1, 2, 4, 8, 16])
-    h = hkv * case.choice([1, 2, 4, 8]) if case.index else hkv * 4
-    ref = calc.gqa_reduction(h, hkv)
-    yours = case.call(fn, h, hkv)
-    _judge(case, yours, ref, f"reduction for {h} query heads and {hkv} KV heads", [
-        (hkv / h, "Upside down: MHA stores num_heads K/V heads, GQA num_kv_heads, so the cache is "
-                  "num_heads / num_kv_heads times smaller."),
-        (h - hkv, "That is how many KV heads are saved, not how many times smaller the cache is."),
-        (1 - hkv / h, "That is the fraction saved; the question is the factor, num_heads / num_kv_heads."),
+    h = case.choice([12, 16, 24, 32, 40, 64]) if case.index else 12
+    layers, d = case.size(2, 80), case.choice([64, 128])
+    seq, db = case.size(512, 65536), case.choice([2, 1, 4])
+    per_head = calc.kv_cache_bytes(layers, 1, d, seq, db)
+    if case.index == 0:    # the bytes allow 5 heads, but 5 does not divide 12: the answer is 4
+        budget = 5.5 * per_head
+    elif case.index == 1:  # not even MQA fits
+        budget = 0.6 * per_head
+    else:
+        budget = per_head * case.rng.uniform(1.0, h + 0.99)
+    ref = calc.max_kv_heads(h, layers, d, seq, budget, db)
+    yours = case.call(fn, h, layers, d, seq, budget, db)
+    by_bytes = int(budget // per_head)
+    what = f"KV heads for {h} query heads within {budget:.4g} bytes ({per_head:.4g} bytes per KV head)"
+    _judge(case, yours, ref, what, [
+        (by_bytes, f"{by_bytes} KV heads fit by bytes, but {h} query heads cannot be split evenly over "
+                   f"{by_bytes}: pick the largest count that divides {h}."),
+        (h / max(ref, 1), "That is the reduction against MHA (query heads per KV head), not the number "
+                          "of KV heads."),
+        (1, "1 is MQA, which always fits when anything does; the question is the largest count that fits."),
+        (min(h, by_bytes + 1), "One head too many: that count's cache does not fit the budget."),
     ])

@@ -77,10 +77,8 @@ def _attention_mistakes(q, k, v, causal: bool, scale: float, block_n: int, lang:
     """(message, output) pairs for the usual mistakes of a tiled attention loop."""
     d, t = q.shape[-1], q.shape[-2]
     tri = lang == "triton"
-    rescale_acc = ("acc = acc * alpha[:, None] + tl.dot(p, v)" if tri
-                   else "acc = acc * alpha[..., None] + p @ v_tile (your online_softmax_update)")
-    rescale_l = "l_i = l_i * alpha + tl.sum(p, 1)" if tri else "l = l * alpha + p.sum(-1) (your online_softmax_update)"
-    offs = "offs_n = start_n + tl.arange(0, BLOCK_N)" if tri else "j = n0 + torch.arange(n1 - n0)"
+    where = "" if tri else " (in your online_softmax_update)"
+    offs = "the tile's start plus the key's place in it"
     kw = dict(walk_hi=walk_hi)
 
     def walk(**extra):
@@ -112,25 +110,26 @@ def _attention_mistakes(q, k, v, causal: bool, scale: float, block_n: int, lang:
         ("yours is a base-2 softmax: exp2 of natural-log scores. Use " + ("tl.exp" if tri else "torch.exp")
          + ", or multiply the scores by log2(e) = 1.4427 first (as minillm's kernel does).",
          walk(scale=scale * math.log(2.0))),
-        (f"acc was not rescaled when the running max grew: {rescale_acc}, with alpha = exp(m_old − m_new).",
+        (f"acc was not rescaled when the running max grew{where}: the old accumulator was measured "
+         "against the old max and must be moved to the new one, like l.",
          walk(update="no_rescale_acc")),
-        (f"l was not rescaled when the running max grew: {rescale_l}, with alpha = exp(m_old − m_new).",
-         walk(update="no_rescale_l")),
-        ("the running max forgot the old max: m_new = maximum(m_old, rowmax(scores)), not the tile's "
-         "max alone.", walk(update="block_max")),
-        ("the output was multiplied by K instead of V: accumulate p @ v_tile.",
+        (f"l was not rescaled when the running max grew{where}: the old sum was measured against the "
+         "old max and must be moved to the new one, like acc.", walk(update="no_rescale_l")),
+        ("the running max forgot the old max: it must be the max over every tile seen so far, not "
+         "this tile's alone.", walk(update="block_max")),
+        ("the output was multiplied by K instead of V: the probabilities weight the values.",
          _walk(q, k, k, causal, scale, block_n, **kw)),
     ]
     if t % block_n:
         if tri:
             out.append((f"keys past the end of the sequence (the padding of the last tile: T = {t} is not a "
                         f"multiple of {block_n}) took part in the softmax; they were loaded as 0 but not "
-                        "masked. Mask the scores with offs_n < seq_len (to −inf) as well.",
+                        "masked. Their scores must be −inf too.",
                         walk(pad_tail=True)))
         else:
             out.append((f"the last, shorter tile was skipped (T = {t} is not a multiple of block_n = "
-                        f"{block_n}): loop over range(0, S, block_n) and cut each tile at min(n0 + "
-                        "block_n, S).", walk(skip_tail=True)))
+                        f"{block_n}): the loop must reach every key, and the last tile ends at the "
+                        "sequence's end.", walk(skip_tail=True)))
     if not tri:
         out.append(("yours is the unnormalized accumulator: divide acc by l once, after the last tile.",
                     walk(divide=False)))
@@ -163,13 +162,11 @@ def _compare_attention(case: Case, yours, ref, mistakes, what: str, tol: dict, b
         if _reproduces(yours, variant.to(ref.dtype), ref, **tol):
             raise _Difference(f"{what}: {message}\n{view.text()}")
     if big and not bool(torch.isfinite(yours).all()):
-        new_max = "tl.maximum(m_i, tl.max(s, 1))" if lang == "triton" else "torch.maximum(m, scores.amax(-1))"
         raise _Difference(
             f"{what}: yours overflowed to inf/NaN. Scores here reach ~150, and exp() overflows "
-            "float32 above 88. Every exponent must be relative to the running max: "
-            f"m_new = {new_max} is at least every score seen so far, so alpha = exp(m_old − m_new) "
-            "≤ 1 and p = exp(s − m_new) ≤ 1. (The max of this tile alone is not enough: the old "
-            f"tiles' max can be far larger.)\n{view.text()}")
+            "float32 above 88. Every exponent must be taken relative to the running max, which is "
+            "at least every score seen so far, so that no exp() sees a positive argument. (The max "
+            f"of this tile alone is not enough: the old tiles' max can be far larger.)\n{view.text()}")
     case.compare(yours, ref, what=what, **tol)  # the generic message (first mismatch, max error)
 
 
@@ -186,9 +183,13 @@ def _attention_inputs(case: Case, b: int, h: int, t: int, d: int, big: bool, dev
     return tuple(x.to(device or "cpu") for x in (q, k, v))
 
 
-@register(cases=3, hint=(
-    "start from m = -inf, l = 0, acc = 0; for n0 in range(0, T, block_n): the tile's scores q·kᵀ/√D, "
-    "-inf where key n0 + j > query i (causal), then online_softmax_update; return acc / l."))
+@register(
+    cases=3,
+    nudge="Check the four details of Section 4 one by one: the scale, the causal mask in global key "
+          "indices, the last (shorter) tile, and when you divide by l.",
+    concept="Tiled attention is the online softmax driven over tiles of keys: the state starts empty "
+            "(max −inf, sums 0), each tile's masked scores are folded in, and only at the end does "
+            "the accumulator become a weighted average.")
 def tiled_attention(case: Case, fn) -> None:
     """Your tiled_attention(q, k, v, causal, block_n) for q, k, v of shape [B, H, T, D]
     against naive attention (float64), causal and not, with T not a multiple of block_n.

@@ -67,11 +67,14 @@ def _tolerance_for_device() -> dict:
     return dict(_ATT_TOL) if interpreter_enabled() else dict(atol=2e-2, rtol=2e-2)
 
 
-@register(cases=3, hint=(
-    "for start_n in range(0, hi, BLOCK_N): offs_n = start_n + tl.arange(0, BLOCK_N); load K and V at "
-    "base + offs_n[:, None] * HEAD_DIM + offs_d[None, :] with mask offs_n < seq_len; s = tl.dot(q, "
-    "tl.trans(k)) * sm_scale; -inf where masked; then the update of Section 3 with tl.exp, casting p "
-    "to v's dtype before tl.dot(p, v)."))
+@register(
+    cases=3,
+    nudge="Go through one iteration as the warm-up cell does: the tile's key indices, the pointer "
+          "tile, masked loads, the scores, the −inf mask (past seq_len, and the causal one), then the "
+          "update of Section 3. Compare your loop with your PyTorch tiled_attention.",
+    concept="The Triton loop is Exercise 2's loop written for one block of 16 query rows: the same "
+            "online-softmax state per row, carried in registers, with memory reached only through "
+            "masked loads of K and V tiles.")
 def flash_inner_loop(case: Case, fn) -> None:
     """Your @triton.jit attn_inner_loop, run inside minillm's lab kernel
     (minillm.kernels.lab.flash_attention_lab, 16 x 16 tiles), against naive attention

@@ -32,7 +32,7 @@ def _update_pieces(m, l, acc, s, v):
                 inv_alpha=torch.exp(m_safe - m), pv=p @ v)
 
 
-_ALPHA = "alpha = exp(m − m_new), which is ≤ 1"
+_ALPHA = "the factor that moves a sum from the old max to the new one (it is ≤ 1)"
 
 
 def _update_mistakes(field: str, x: dict) -> list[tuple[str, object]]:
@@ -41,10 +41,10 @@ def _update_mistakes(field: str, x: dict) -> list[tuple[str, object]]:
 
     if field == "m":
         return [
-            ("m is the max of this block only. The running max must also remember the old one: "
-             "m_new = torch.maximum(m, scores_block.amax(dim=-1)).", x["s"].amax(dim=-1)),
-            ("m did not change. Return the new running max, "
-             "m_new = torch.maximum(m, scores_block.amax(dim=-1)).", x["m"]),
+            ("m is the max of this block only. The running max must also remember the max of "
+             "the blocks seen before.", x["s"].amax(dim=-1)),
+            ("m did not change. Return the new running max, which takes this block's scores "
+             "into account.", x["m"]),
             ("m is 0 for rows that have seen only −inf scores; it must stay −inf there (the max "
              "of nothing). Use 0 in place of −inf only inside exp(), and return m_new itself.",
              x["m_safe"]),
@@ -52,21 +52,19 @@ def _update_mistakes(field: str, x: dict) -> list[tuple[str, object]]:
     if field == "l":
         return [
             ("l was not rescaled. The old sum was taken relative to the old max m; when the max "
-             f"grows to m_new, multiply it by {_ALPHA}, before adding this block: "
-             "l_new = l * alpha + p.sum(dim=-1).", x["l"] + x["p"].sum(-1)),
-            ("alpha is upside down: the old terms shrink when the max grows, so "
-             f"{_ALPHA}, not exp(m_new − m).", x["l"] * x["inv_alpha"] + x["p"].sum(-1)),
-            ("l counts this block only: the running sum must keep the old blocks, rescaled: "
-             "l_new = l * alpha + p.sum(dim=-1).", x["p"].sum(-1)),
+             f"grows, rescale it by {_ALPHA} before adding this block's terms.",
+             x["l"] + x["p"].sum(-1)),
+            ("the rescaling factor is upside down: the old terms shrink when the max grows, so "
+             "the factor must be at most 1.", x["l"] * x["inv_alpha"] + x["p"].sum(-1)),
+            ("l counts this block only: the running sum must keep the old blocks, rescaled.",
+             x["p"].sum(-1)),
         ]
     return [
-        ("acc was not rescaled. It was accumulated relative to the old max m; when the max grows "
-         f"to m_new, multiply it by {_ALPHA}: acc_new = acc * alpha[..., None] + p @ v_block.",
-         x["acc"] + x["pv"]),
-        ("alpha is upside down: the old terms shrink when the max grows, so "
-         f"{_ALPHA}, not exp(m_new − m).", x["acc"] * x["inv_alpha"][..., None] + x["pv"]),
-        ("acc holds this block only: keep the old blocks, rescaled: "
-         "acc_new = acc * alpha[..., None] + p @ v_block.", x["pv"]),
+        ("acc was not rescaled. It was accumulated relative to the old max m; when the max grows, "
+         f"rescale it by {_ALPHA}, as you do for l.", x["acc"] + x["pv"]),
+        ("the rescaling factor is upside down: the old terms shrink when the max grows, so "
+         "the factor must be at most 1.", x["acc"] * x["inv_alpha"][..., None] + x["pv"]),
+        ("acc holds this block only: keep the old blocks, rescaled.", x["pv"]),
         ("acc was divided by l. Keep acc unnormalized (a running sum of exp(score − m) · v); "
          "divide by l once, at the very end of attention, not in the update.",
          (x["acc"] * x["alpha"][..., None] + x["pv"])
@@ -107,20 +105,24 @@ def _nan_diagnosis(field: str, yours, m_old, m_new) -> str:
     first = torch.isinf(m_old) & ~dead             # rows that see their first real score now
     if not bool((nan_rows & ~dead).any()):
         return ("NaN in rows that have seen only −inf scores. There m_new is −inf and "
-                "exp(−inf − (−inf)) = exp(NaN). Take exponents relative to 0 for such rows: "
-                "m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new), use m_safe "
-                "inside both exp() calls, and return m_new itself (still −inf).")
+                "exp(−inf − (−inf)) = exp(NaN). For such rows, take the exponents relative to 0 "
+                "instead (Section 3's corner case), and still return −inf as their max.")
     if bool((nan_rows & first).any()) and not bool((nan_rows & ~dead & ~first).any()):
         return ("NaN in rows that see their first real score in this block (m was −inf). There "
-                "alpha = exp(m − m_new) = exp(−inf) = 0 and l · alpha = 0; NaN means alpha was inf "
-                "(0 · inf): is alpha upside down? It must be exp(m − m_new) ≤ 1, not exp(m_new − m).")
+                "the rescaling factor should be exp(−inf) = 0, so the empty old sums stay 0; NaN "
+                "means it was inf (0 · inf): is it upside down? It must be at most 1.")
     return ("NaN where the reference has numbers: exp(−inf − (−inf)) and 0 · inf are both NaN. "
             "Check the rows whose m is −inf (before or after this block).")
 
 
-@register(cases=3, hint=(
-    "m_new = max(m, row max of the block); inside exp() use 0 where m_new is -inf; alpha = exp(m - "
-    "m_new) rescales the old l and acc; l_new = alpha·l + Σp, acc_new = alpha·acc + p·V."))
+@register(
+    cases=3,
+    nudge="Take the three fields one at a time: what is the new max, by what factor must the old sum "
+          "and the old accumulator change when the max moves, and what does this block add to each? "
+          "Then the rows that have seen only −inf.",
+    concept="l and acc are sums of exponentials measured against the running max m. When the max "
+            "grows, everything summed so far must be re-expressed against the new max before this "
+            "block's terms are added; that keeps every exponent ≤ 0 and the result exact.")
 def online_softmax_update(case: Case, fn) -> None:
     """Your online_softmax_update(m, l, acc, scores_block, v_block) -> (m, l, acc) against
     minillm.kernels.tiled.online_softmax_update, fed four blocks in turn (each step starts
