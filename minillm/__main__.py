@@ -117,6 +117,12 @@ def _add_serve_parsers(sub) -> None:
     srv.add_argument("--default-max-tokens", type=_positive_int, default=d.default_max_tokens)
     srv.add_argument("--max-n", type=_positive_int, default=d.max_n)
     srv.add_argument("--retry-after", type=_positive_int, default=d.retry_after_s)
+    srv.add_argument("--stream-tokens-per-event", type=_positive_int,
+                     default=d.stream_tokens_per_event,
+                     help="SSE buffering: tokens per streamed event after the first")
+    srv.add_argument("--stall-timeout", type=_positive_float("--stall-timeout"),
+                     default=d.stall_timeout_s,
+                     help="seconds one engine step may run before /health/live fails")
     srv.add_argument("--device", type=_device, default=None,
                      help="cpu, cuda or cuda:N (default: MINILLM_DEVICE, else CUDA when a GPU "
                           "is visible, else cpu)")
@@ -148,7 +154,9 @@ def cmd_serve(args) -> int:
                          max_num_batched_tokens=args.max_num_batched_tokens,
                          drain_timeout_s=args.drain_timeout, health_timeout_s=args.health_timeout,
                          default_max_tokens=args.default_max_tokens, max_n=args.max_n,
-                         retry_after_s=args.retry_after, device=args.device, dtype=args.dtype)
+                         retry_after_s=args.retry_after, device=args.device, dtype=args.dtype,
+                         stream_tokens_per_event=args.stream_tokens_per_event,
+                         stall_timeout_s=args.stall_timeout)
     return serve(config, log_level=args.log_level)
 
 

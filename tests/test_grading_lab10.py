@@ -39,12 +39,13 @@ def replicas_needed(arrival_rate, e2e_s, batch_size, seconds_per_request, max_ut
     return math.ceil(arrival_rate * e2e_s / batch_size)          # Little's law only
 ''',
     "exercise:kv_cache_gb": '''\
-def kv_cache_gb(num_layers, num_kv_heads, head_dim, seq_len, batch, dtype_bytes):
-    return 2 * num_layers * num_kv_heads * head_dim * seq_len * batch * dtype_bytes / 1e9
+def kv_cache_gb(num_layers, num_kv_heads, head_dim, seq_len, batch, dtype_bytes, shared_prefix=0):
+    tokens = shared_prefix + batch * (seq_len - shared_prefix)
+    return 2 * num_layers * num_kv_heads * head_dim * tokens * dtype_bytes / 1e9
 ''',
     "exercise:tokens_per_pass": '''\
-def tokens_per_pass(alpha, k):
-    return k * alpha + 1                                         # the shortcut
+def tokens_per_pass(alphas):
+    return sum(alphas) + 1                                       # the shortcut
 ''',
 }
 
@@ -110,7 +111,7 @@ def test_half_solved_lab_scores_per_exercise_with_the_reason(graded):
                                       "kv_cache_gb": 1.0}
     assert table[("half", "replicas_needed")]["status"] == "fail"
     assert "Little's law alone" in table[("half", "replicas_needed")]["detail"]
-    assert "k·α + 1 counts every guess" in table[("half", "tokens_per_pass")]["detail"]
+    assert "counted every guess as kept" in table[("half", "tokens_per_pass")]["detail"]
     for ex in ("allreduce_seconds", "claim_verdicts", "capstone"):
         assert table[("half", ex)]["status"] == "not implemented"
     assert "score: 2 / 8" in (out / "half" / "10-capstone.feedback.txt").read_text()

@@ -147,9 +147,9 @@ def test_percentile_accepts_nearest_rank(seed, capsys):
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("fn, words", [
     (lambda xs, p: float(np.mean(xs)), "that is the mean"),
-    (lambda xs, p: xs[math.ceil(p * len(xs) / 100) - 1], "sort them first"),
-    (lambda xs, p: sorted(xs)[int(p * len(xs) / 100)], "one rank too high"),
-    (lambda xs, p: sorted(xs)[math.ceil(p * len(xs) / 100) - 2], "one rank too low"),
+    (lambda xs, p: xs[math.ceil(p * len(xs) / 100) - 1], "positions count in the SORTED latencies"),
+    (lambda xs, p: sorted(xs)[int(p * len(xs) / 100)], "one position too high"),
+    (lambda xs, p: sorted(xs)[math.ceil(p * len(xs) / 100) - 2], "one position too low"),
     (lambda xs, p: float(np.percentile(xs, p)), "you interpolated"),
     (lambda xs, p: max(xs), "that is the maximum"),
     (lambda xs, p: sorted(xs)[math.ceil(p * len(xs)) - 1], "raised IndexError"),
@@ -173,9 +173,9 @@ def test_should_admit_accepts_the_rule(seed, capsys):
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("fn, words", [
     (lambda p, w, f, r, q, b: w <= q and -(-p // b) <= f - r, "the queue limit is off by one"),
-    (lambda p, w, f, r, q, b: w < q and p // b <= f - r, "rounds down"),
+    (lambda p, w, f, r, q, b: w < q and p // b <= f - r, "rounded down"),
     (lambda p, w, f, r, q, b: w < q and p <= f - r, "you compared tokens with blocks"),
-    (lambda p, w, f, r, q, b: w < q and -(-p // b) <= f, "compare with num_free_blocks - reserved_blocks"),
+    (lambda p, w, f, r, q, b: w < q and -(-p // b) <= f, "those blocks are not free for it"),
     (lambda p, w, f, r, q, b: w < q and -(-p // b) < f - r, "needs exactly the blocks that are left"),
     (lambda p, w, f, r, q, b: -(-p // b) <= f - r, "the queue limit is never applied"),
     (lambda p, w, f, r, q, b: w < q, "the KV check is missing"),
@@ -407,12 +407,23 @@ def test_bank_numbers_and_the_measured_knee():
     assert expected("lab09.q1") == 7
     assert expected("lab09.q2") == pytest.approx(5.0)
     assert expected("lab09.q4") == pytest.approx(2.303, abs=1e-3)
-    assert expected("lab09.q9") == pytest.approx(26.8, abs=0.1)
-    assert expected("lab09.q10") == pytest.approx(1.37, abs=0.01)
-    assert expected("lab09.q11") == pytest.approx(0.219, abs=1e-3)
+    assert expected("lab09.q9") == pytest.approx(42.9, abs=0.1)
+    assert expected("lab09.q10") == pytest.approx(2.74, abs=0.01)
+    assert expected("lab09.q11") == pytest.approx(0.125, abs=1e-3)
+    assert expected("lab09.q15") == 7
     assert not answer("lab09.q1", "6").correct  # 6.25 rounded down: not enough replicas
     m = {"knee_rate": 4.0}
     assert answer("lab09.q3", "4.5 req/s", m).correct and answer("lab09.q3", "3.3", m).correct
     # 1 / unloaded latency, the mistake of ignoring the batch: wildly wrong
     assert not answer("lab09.q3", "0.9", m).correct
     assert not answer("lab09.q3", "5.2", m).correct
+    m = {"unloaded_latency_ms": 450.0}
+    assert answer("lab09.q12", "0.5 s", m).correct and not answer("lab09.q12", "30 ms", m).correct
+
+
+def test_no_quiz_answer_is_printed_by_the_solution_notebook():
+    """A question that is not a prediction must not be answerable by copying a printed value
+    (counts, whose small integers appear everywhere, are left out)."""
+    from notebook_answers import printed_answers
+
+    assert printed_answers("09-serving.ipynb", "lab09") == {}

@@ -28,7 +28,8 @@ from minillm import calc
 from .serving_sim import StepModel
 
 __all__ = ["fetch", "StreamTiming", "stream_completion", "Reply", "burst", "service_rate",
-           "MetricsWatcher", "knee_rate", "measure_step_model", "percentiles", "draw_load_curve"]
+           "MetricsWatcher", "knee_rate", "measure_step_model", "percentiles", "draw_load_curve",
+           "thread_cpu_s", "BufferingRun", "sse_buffering", "probe"]
 
 
 def _url(url: str) -> str:
@@ -110,6 +111,142 @@ def stream_completion(url: str, prompt, *, max_tokens: int = 32, chat: bool = Tr
     return StreamTiming(pieces, lines, usage, reason, time.perf_counter() - t0)
 
 
+# --------------------------------------------------------------------------- SSE buffering
+
+
+def thread_cpu_s(pid: int) -> dict:
+    """CPU seconds each thread of process ``pid`` has used so far, by thread id, read from
+    /proc/<pid>/task/<tid>/schedstat (nanoseconds; Linux). The thread whose id is ``pid``
+    is the main thread: in ``minillm serve``, the event loop (HTTP, SSE, detokenization)."""
+    import os
+
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended meanwhile
+    return out
+
+
+@dataclasses.dataclass
+class BufferingRun:
+    tokens_per_event: int
+    streams: int
+    tokens: int                 # generated tokens, all streams
+    events: int                 # SSE events that carried text, all streams
+    wall_s: float
+    loop_cpu_s: float           # the server's event-loop thread
+    server_cpu_s: float         # every thread of the server (the engine's included)
+    mean_ttft_s: float
+    texts: list                 # each stream's text
+    same_text_as_k1: bool | None = None  # its first prompt streamed again at k = 1: same text?
+
+    @property
+    def events_per_s(self) -> float:
+        return self.events / self.wall_s
+
+    @property
+    def loop_cpu_us_per_token(self) -> float:
+        return self.loop_cpu_s / self.tokens * 1e6
+
+    def line(self) -> str:
+        return (f"{self.tokens_per_event:5d} {self.events:8d} {self.events_per_s:9.0f}/s "
+                f"{self.tokens / self.wall_s:8.0f} tok/s {self.loop_cpu_s * 1e3:9.0f} ms "
+                f"{self.loop_cpu_us_per_token:9.0f} µs {self.server_cpu_s:8.2f} s "
+                f"{self.mean_ttft_s * 1e3:7.0f} ms")
+
+
+BUFFERING_HEADER = ("  k   events    events/s   tokens/s   loop CPU  per token  server CPU  "
+                    "mean TTFT")
+
+
+def sse_buffering(server, prompts, tokens_per_event=(1, 2, 5, 10), *, streams: int = 8,
+                  max_tokens: int = 48, timeout_s: float = 300.0) -> list:
+    """For each k in ``tokens_per_event``: ``streams`` streamed completions at once (greedy,
+    EOS ignored, ``stream_options.tokens_per_event = k``) on the running ``ServerProcess``
+    ``server``; counts the events and tokens and the CPU time the server's threads used
+    meanwhile. Each k gets its own ``streams`` prompts from ``prompts`` (distinct prompts: a
+    prompt seen before would hit the prefix cache and flatter the later runs). One
+    ``BufferingRun`` per k."""
+    import httpx
+
+    from minillm.serve import MODEL_NAME
+    from minillm.serve.sse import iter_events
+
+    url, pid, pool = _url(server.url), server.pid, list(prompts)
+    if len(pool) < streams * len(tokens_per_event):
+        raise ValueError(f"need {streams} distinct prompts per k, {streams * len(tokens_per_event)} in all; "
+                         f"got {len(pool)}")
+    runs = []
+    for j, k in enumerate(tokens_per_event):
+        prompts = pool[j * streams:(j + 1) * streams]
+        results = [None] * len(prompts)
+        go = threading.Barrier(len(prompts) + 1)
+
+        def one(i: int, k=k) -> None:
+            body = {"model": MODEL_NAME, "prompt": prompts[i], "max_tokens": max_tokens,
+                    "temperature": 0.0, "ignore_eos": True, "stream": True,
+                    "stream_options": {"include_usage": True, "tokens_per_event": k}}
+            with httpx.Client(timeout=timeout_s) as client:
+                go.wait()
+                t0, events, text, ttft, usage = time.perf_counter(), 0, "", None, 0
+                with client.stream("POST", url + "/v1/completions", json=body) as r:
+                    for event in iter_events(r.iter_lines()):
+                        if event == "[DONE]":
+                            continue
+                        for choice in event.get("choices", []):
+                            if choice.get("text"):
+                                events += 1
+                                text += choice["text"]
+                                ttft = ttft if ttft is not None else time.perf_counter() - t0
+                        usage = (event.get("usage") or {}).get("completion_tokens", usage)
+                results[i] = (events, text, ttft, usage)
+
+        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        before = thread_cpu_s(pid)
+        go.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        after = thread_cpu_s(pid)
+        if any(r is None for r in results):
+            raise RuntimeError("a stream failed; see the server's log (server.log_text())")
+        runs.append(BufferingRun(k, len(prompts), sum(r[3] for r in results), sum(r[0] for r in results),
+                                 wall, after.get(pid, 0.0) - before.get(pid, 0.0),
+                                 sum(after.values()) - sum(before.get(t, 0.0) for t in after),
+                                 float(np.mean([r[2] for r in results])), [r[1] for r in results]))
+    for run, j in zip(runs, range(len(runs))):  # the same prompt at one token per event: same text?
+        run.same_text_as_k1 = _stream_text(url, pool[j * streams], max_tokens, 1, timeout_s) == run.texts[0]
+    return runs
+
+
+def _stream_text(url: str, prompt, max_tokens: int, k: int, timeout_s: float) -> str:
+    import httpx
+
+    from minillm.serve import MODEL_NAME
+    from minillm.serve.sse import iter_events
+
+    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "stream": True, "stream_options": {"tokens_per_event": k}}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=timeout_s) as r:
+        return "".join(c.get("text") or "" for e in iter_events(r.iter_lines()) if e != "[DONE]"
+                       for c in e.get("choices", []))
+
+
+def probe(url: str, path: str) -> tuple[int, str]:
+    """GET a probe route: (status, the body's status or error message)."""
+    import httpx
+
+    r = httpx.get(_url(url) + path, timeout=10)
+    data = r.json()
+    return r.status_code, data.get("status") or (data.get("error") or {}).get("message", "")
+
+
 # --------------------------------------------------------------------------- a burst
 
 
@@ -177,7 +314,10 @@ def service_rate(replies, max_num_seqs: int) -> float:
 
 def drain_demo(server, prompts, *, max_tokens: int = 48, settle_s: float = 0.5) -> tuple:
     """SIGTERM a ``ServerProcess`` while one request per prompt runs: returns (exit code,
-    the in-flight replies, the reply to a request sent during the drain)."""
+    the in-flight replies, the reply to a request sent during the drain, and what the
+    Kubernetes probes answered during the drain: {path: (status, reason)})."""
+    import httpx
+
     prompts = list(prompts)
     inflight, late, code = [], [], []
     sender = threading.Thread(target=lambda: inflight.extend(
@@ -187,10 +327,16 @@ def drain_demo(server, prompts, *, max_tokens: int = 48, settle_s: float = 0.5) 
     stopper = threading.Thread(target=lambda: code.append(server.stop()))
     stopper.start()
     time.sleep(settle_s / 2)                # SIGTERM delivered: the server is draining
+    probes = {}
+    for path in ("/health/live", "/health/ready"):
+        try:
+            probes[path] = probe(server.url, path)
+        except httpx.HTTPError as exc:
+            probes[path] = (0, f"no answer ({type(exc).__name__})")
     late += burst(server.url, prompts[:1], max_tokens=1, timeout_s=30)
     stopper.join()
     sender.join()
-    return code[0], inflight, late[0]
+    return code[0], inflight, late[0], probes
 
 
 # --------------------------------------------------------------------------- /metrics

@@ -7,7 +7,8 @@ Modules, read in this order: `config` (ServeConfig), `protocol` (the request che
 `detok` (incremental UTF-8 detokenization and stop strings), `async_engine` (the one task
 that owns the engine), `app` (the routes), `server` (uvicorn and the SIGTERM drain),
 `process` (ServerProcess), `metrics` (Prometheus), `sse` (the event-stream format),
-`loadgen` (Poisson load, latency percentiles) and `workload` (the benchmark's requests).
+`loadgen` (Poisson load, latency percentiles), `workload` (the benchmark's requests),
+`autoscale` (a scale rule on queue depth) and `k8s` (Kubernetes manifests: probes, KEDA).
 
 The names below are imported on first use (PEP 562), not with the package: importing
 `minillm.serve.workload` (the benchmarks and `benchmarks/gpu_check.py` do) must not need
@@ -22,7 +23,7 @@ _EXPORTS = {"APIError": "errors", "LoadResult": "loadgen", "MODEL_NAME": "config
             "ServeConfig": "config", "ServerProcess": "process", "ThreadedServer": "server",
             "create_app": "app", "measure_capacity": "loadgen", "run_load": "loadgen",
             "sweep": "loadgen"}
-_SUBMODULES = ("loadgen", "metrics", "sse")
+_SUBMODULES = ("autoscale", "k8s", "loadgen", "metrics", "sse")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 

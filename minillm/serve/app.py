@@ -3,7 +3,13 @@
     POST /v1/completions, /v1/chat/completions   OpenAI shapes; `stream: true` -> SSE
     GET  /v1/models                               the one model served
     GET  /health                                  a one-token generation, with a timeout
+    GET  /health/live                             liveness: the engine loop runs, no step stalled
+    GET  /health/ready                            readiness: warmed up, live, not draining
     GET  /metrics                                 Prometheus text (`minillm.serve.metrics`)
+
+The two probes answer at once from the engine's state (200, or 503 with the reason): a
+Kubernetes liveness probe must not queue behind the load, or a busy replica gets restarted
+(`minillm.serve.k8s` writes the probe config).
 
 The routes check the request (`protocol`), submit it, and turn the stream of `Delta`s into
 a JSON body or SSE chunks. A client that goes away (streamed or not) has its request
@@ -14,6 +20,12 @@ Chunk rules (streaming): every chunk carries the response's `id`; for chat the f
 chunk of each choice carries `delta.role = "assistant"`; each choice has exactly one
 chunk with a `finish_reason`; with `stream_options.include_usage` every chunk carries
 `"usage": null` and one last chunk has empty `choices` and the usage; then `data: [DONE]`.
+
+SSE buffering: a choice's first token goes out in its own event (TTFT is not delayed); after
+it, its text is held until `tokens_per_event` tokens (the request's
+`stream_options.tokens_per_event`, else `ServeConfig.stream_tokens_per_event`) have
+accumulated, and whatever is held goes out with the choice's end. Fewer events cost the
+server less per token; the text, joined, is the same whatever the buffering.
 """
 from __future__ import annotations
 
@@ -48,6 +60,7 @@ def create_app(engine, tokenizer, config: ServeConfig | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app):
         aengine.start()
+        aengine.warm_up(health_prompt)
         yield
         await aengine.stop()
 
@@ -98,6 +111,21 @@ def create_app(engine, tokenizer, config: ServeConfig | None = None) -> FastAPI:
         return {"status": "ok", "num_requests_running": aengine.snapshot["num_running"],
                 "num_requests_waiting": aengine.snapshot["num_waiting"]}
 
+    @app.get("/health/live")
+    async def live():
+        problem = aengine.liveness_problem()
+        if problem is not None:
+            raise APIError(503, problem, "service_unavailable_error", None, "not_live")
+        return {"status": "live"}
+
+    @app.get("/health/ready")
+    async def ready():
+        problem = aengine.readiness_problem()
+        if problem is not None:
+            raise APIError(503, problem, "service_unavailable_error", None, "not_ready")
+        return {"status": "ready", "num_requests_running": aengine.snapshot["num_running"],
+                "num_requests_waiting": aengine.snapshot["num_waiting"]}
+
     @app.get("/metrics")
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
@@ -138,6 +166,8 @@ def create_app(engine, tokenizer, config: ServeConfig | None = None) -> FastAPI:
         return collect.result()
 
     async def _sse(stream: RequestStream, shape: "_Shape"):
+        per_event = shape.req.tokens_per_event or config.stream_tokens_per_event
+        held = [_Held() for _ in range(stream.params.n)]
         try:
             if shape.kind == "chat":
                 for i in range(stream.params.n):
@@ -147,8 +177,12 @@ def create_app(engine, tokenizer, config: ServeConfig | None = None) -> FastAPI:
                     error = d.error or _aborted()
                     yield format_event(error.body())
                     break
-                if d.text or (d.token_ids and shape.req.return_token_ids):
-                    yield format_event(shape.chunk(d.index, d.text, d.token_ids))
+                h = held[d.index]
+                h.add(d.text, d.token_ids)
+                due = h.num_tokens >= (per_event if h.sent_any else 1)
+                if (due or d.finish_reason is not None) and h.has_content(shape.req.return_token_ids):
+                    yield format_event(shape.chunk(d.index, h.text, h.token_ids))
+                    h.sent()
                 if d.finish_reason is not None:
                     yield format_event(shape.chunk(d.index, None, None, d.finish_reason))
             else:
@@ -160,6 +194,24 @@ def create_app(engine, tokenizer, config: ServeConfig | None = None) -> FastAPI:
                 aengine.abort(stream.request_id)
 
     return app
+
+
+class _Held:
+    """The text and tokens of one choice not yet sent (SSE buffering)."""
+
+    def __init__(self):
+        self.text, self.token_ids, self.num_tokens, self.sent_any = "", [], 0, False
+
+    def add(self, text: str, token_ids: list[int]) -> None:
+        self.text += text
+        self.token_ids += token_ids
+        self.num_tokens += len(token_ids)
+
+    def has_content(self, with_ids: bool) -> bool:
+        return bool(self.text or (with_ids and self.token_ids))
+
+    def sent(self) -> None:
+        self.text, self.token_ids, self.num_tokens, self.sent_any = "", [], 0, True
 
 
 class _Shape:

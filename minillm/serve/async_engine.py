@@ -13,6 +13,12 @@ Admission (in `submit`, answered at once): while draining -> 503; a request that
 fit the KV pool even alone -> 400; more than `max_queue_len` waiting -> 503; a prompt that
 the free blocks (less those the waiting prompts will take) cannot hold -> 503.
 
+Probes (Kubernetes): `liveness_problem()` is None while the engine loop task runs and no
+step has run longer than `stall_timeout_s` (a stuck step means restart the process);
+`readiness_problem()` is None once the warm-up generation (`warm_up`, started with the
+server) has finished and while the server is live and not draining (only then should a load
+balancer send it traffic). Each returns the reason as text otherwise.
+
 Invariants: an aborted request is removed from the engine, its blocks freed, before the
 next step runs; every stream ends with each sample finished ("stop"/"length"/"abort") or
 with an error, so no reader waits forever.
@@ -97,6 +103,9 @@ class AsyncEngine:
         self._task: asyncio.Task | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.draining = False
+        self.warmed = False                   # the warm-up generation has finished
+        self.warmup_error: str | None = None
+        self._step_since: float | None = None  # monotonic start of the step in flight
         self.snapshot = self._snapshot()
         metrics.update_engine(self.snapshot, 0)
 
@@ -105,6 +114,44 @@ class AsyncEngine:
         self._wake = asyncio.Event()
         self.loop = asyncio.get_running_loop()
         self._task = self.loop.create_task(self._run(), name="engine-loop")
+
+    def warm_up(self, prompt_ids: list[int], max_tokens: int = 2) -> None:
+        """Run one short greedy generation in the background (the first step pays for kernel
+        selection, allocations, caches); `warmed` turns True when it finishes."""
+        stream = self.submit(prompt_ids, SamplingParams(max_tokens=max_tokens, temperature=0.0),
+                             count_metrics=False, shed=False)
+
+        async def wait() -> None:
+            async for delta in stream.deltas():
+                if delta.error is not None:
+                    self.warmup_error = delta.error.message
+                    return
+            self.warmed = True
+
+        self.loop.create_task(wait(), name="warm-up")
+
+    def liveness_problem(self) -> str | None:
+        """None when the engine loop runs and its current step (if any) is not stalled."""
+        if self._task is None or self._task.done():
+            return "the engine loop is not running"
+        since = self._step_since
+        if since is not None and time.monotonic() - since > self.config.stall_timeout_s:
+            return (f"the engine step in flight has run for {time.monotonic() - since:.1f} s, "
+                    f"over stall_timeout_s={self.config.stall_timeout_s}")
+        return None
+
+    def readiness_problem(self) -> str | None:
+        """None when a load balancer may send this server traffic."""
+        if self.draining:
+            return "draining: the server admits no new requests"
+        problem = self.liveness_problem()
+        if problem is not None:
+            return problem
+        if self.warmup_error is not None:
+            return f"the warm-up generation failed: {self.warmup_error}"
+        if not self.warmed:
+            return "warming up: the first generation has not finished"
+        return None
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -193,16 +240,19 @@ class AsyncEngine:
             adds, self._pending_adds = self._pending_adds, []
             self._adding = adds
             aborts, self._pending_aborts = self._pending_aborts, set()
+            self._step_since = time.monotonic()
             try:
                 outputs, rejected, self.snapshot = await loop.run_in_executor(
                     self._executor, self._work, adds, aborts)
             except Exception:
+                self._step_since = None
                 self._adding = []  # an engine bug: fail every request, keep the server up
                 log.exception("engine step failed; failing all in-flight requests")
                 for stream in list(self.streams.values()):
                     self._fail(stream, internal_error())
                     self._pending_aborts.add(stream.request_id)
                 continue
+            self._step_since = None
             self._adding = []
             for stream, error in rejected:
                 self._fail(stream, error)

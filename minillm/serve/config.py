@@ -5,7 +5,9 @@ are passed through to `EngineConfig`; `device` and `dtype` choose where and in w
 model is loaded (None: `minillm.devices.default_device()` and its default dtype, bf16 on
 CUDA and fp32 on a CPU); the others belong to the HTTP layer: where to listen,
 how many requests may wait before the server sheds load, how long a SIGTERM drain may take,
-how long `/health` waits for its one-token generation.
+how long `/health` waits for its one-token generation, how many tokens a streamed SSE event
+carries by default (`stream_tokens_per_event`: buffering), and how long one engine step may
+run before the liveness probe (`/health/live`) reports the engine loop stalled.
 """
 from __future__ import annotations
 
@@ -34,18 +36,20 @@ class ServeConfig:
     default_max_tokens: int = 256           # chat completions without max_tokens
     max_n: int = 8                          # the largest `n` a request may ask for
     retry_after_s: int = 1                  # the Retry-After header of a 503
+    stream_tokens_per_event: int = 1        # SSE buffering: tokens per event (the first alone)
+    stall_timeout_s: float = 60.0           # /health/live fails once a step runs this long
     model_name: str = MODEL_NAME
     device: str | None = None               # cpu, cuda, cuda:N; None: the default device
     dtype: str | None = None                # float32, bfloat16, float16; None: the device's
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_queue_len", "block_size", "max_num_batched_tokens",
-                     "default_max_tokens", "max_n", "retry_after_s"):
+                     "default_max_tokens", "max_n", "retry_after_s", "stream_tokens_per_event"):
             _check_int(name, getattr(self, name), 1)
         _check_int("port", self.port, 0, 65535)
         if self.num_blocks is not None:
             _check_int("num_blocks", self.num_blocks, 1)
-        for name in ("drain_timeout_s", "health_timeout_s"):
+        for name in ("drain_timeout_s", "health_timeout_s", "stall_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value <= 0:

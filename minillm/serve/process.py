@@ -79,7 +79,8 @@ class ServerProcess:
         c, args = self.config, []
         for name in ("port", "max_num_seqs", "max_queue_len", "num_blocks", "block_size",
                      "max_num_batched_tokens", "drain_timeout_s", "health_timeout_s",
-                     "default_max_tokens", "max_n", "retry_after_s", "device", "dtype"):
+                     "default_max_tokens", "max_n", "retry_after_s", "stream_tokens_per_event",
+                     "stall_timeout_s", "device", "dtype"):
             value = getattr(c, name)
             if value is not None:
                 flag = "--" + name.removesuffix("_s").replace("_", "-")

@@ -9,7 +9,9 @@ back an answer to a different question.
 Defaults follow OpenAI: temperature 1, top_p 1, n 1; max_tokens 16 for completions and
 `ServeConfig.default_max_tokens` (capped by the context) for chat. Extensions (vLLM's
 names): `ignore_eos`, `top_k`, and `return_token_ids` (each choice then carries its
-generated `token_ids`).
+generated `token_ids`); and one stream option of this server's own,
+`stream_options.tokens_per_event` (SSE buffering: after the first token, each event carries
+up to this many tokens; default `ServeConfig.stream_tokens_per_event`).
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     return_token_ids: bool
+    tokens_per_event: int | None = None  # SSE buffering; None: the server's default
 
 
 def parse_json_body(body: bytes) -> dict:
@@ -121,7 +124,7 @@ def parse_request(kind: str, body: dict, tokenizer, model_name: str, max_model_l
         top_k = None
     seed = _int(body, "seed", None, 0, MAX_SEED)
     stream = _bool(body, "stream", False)
-    include_usage = _stream_options(body.get("stream_options"), stream)
+    include_usage, tokens_per_event = _stream_options(body.get("stream_options"), stream)
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise _type_error("user", "a string", user)
@@ -132,7 +135,8 @@ def parse_request(kind: str, body: dict, tokenizer, model_name: str, max_model_l
     except ValueError as exc:
         raise invalid(str(exc)) from None
     return GenerationRequest(kind, prompt_ids, params, _stop(body.get("stop")), stream,
-                             include_usage, _bool(body, "return_token_ids", False))
+                             include_usage, _bool(body, "return_token_ids", False),
+                             tokens_per_event)
 
 
 def _prompt_param(kind: str) -> str:
@@ -187,18 +191,23 @@ def _bool(body: dict, name: str, default: bool) -> bool:
     return value
 
 
-def _stream_options(options, stream: bool) -> bool:
+MAX_TOKENS_PER_EVENT = 64
+
+
+def _stream_options(options, stream: bool) -> tuple[bool, int | None]:
+    """(include_usage, tokens_per_event or None)."""
     if options is None:
-        return False
+        return False, None
     if not stream:
         raise invalid("stream_options is only allowed with stream: true", "stream_options")
     if not isinstance(options, dict):
         raise _type_error("stream_options", 'an object like {"include_usage": true}', options)
-    extra = sorted(set(options) - {"include_usage"})
+    extra = sorted(set(options) - {"include_usage", "tokens_per_event"})
     if extra:
-        raise invalid(f"unknown stream option {extra[0]!r}; the only one is 'include_usage'",
-                      "stream_options", "unknown_parameter")
-    return _bool(options, "include_usage", False)
+        raise invalid(f"unknown stream option {extra[0]!r}; the options are 'include_usage' "
+                      f"and 'tokens_per_event'", "stream_options", "unknown_parameter")
+    return (_bool(options, "include_usage", False),
+            _int(options, "tokens_per_event", None, 1, MAX_TOKENS_PER_EVENT))
 
 
 def _stop(stop) -> tuple[str, ...]:

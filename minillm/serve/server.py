@@ -83,12 +83,15 @@ def serve(config: ServeConfig, model=None, tokenizer=None, log_level: str = "inf
 class ThreadedServer:
     """An app served by uvicorn in a background thread on a free loopback port (tests, and
     a notebook that already holds the model). No signal handling: `stop()` shuts it down.
+    By default it returns once the app is ready (its warm-up generation has finished), as
+    `ServerProcess` does; `wait_ready=False` returns as soon as the port answers.
 
         with ThreadedServer(create_app(engine, tok, config)) as srv:
             httpx.get(srv.url + "/health")
     """
 
-    def __init__(self, app, port: int | None = None, log_level: str = "warning"):
+    def __init__(self, app, port: int | None = None, log_level: str = "warning",
+                 wait_ready: bool = True, ready_timeout_s: float = 120.0):
         from .process import free_port
         self.app, self.port = app, port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -101,6 +104,14 @@ class ThreadedServer:
         while not self.server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"the server on port {self.port} did not start")
+            time.sleep(0.02)
+        aengine = app.state.engine
+        deadline = time.monotonic() + ready_timeout_s
+        while wait_ready and not aengine.warmed:
+            if aengine.warmup_error is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the server on port {self.port} did not get ready within "
+                                   f"{ready_timeout_s} s: {aengine.readiness_problem()}")
             time.sleep(0.02)
 
     def drain(self, timeout_s: float) -> int:

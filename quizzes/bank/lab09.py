@@ -1,6 +1,9 @@
 """Lab 09 quiz: serving. Every number comes from ``minillm.calc`` (imported in the answer
-functions) except q3, which reads the knee the lab's load sweep measured
-(``quizzes.record(knee_rate=...)`` in the notebook)."""
+functions) except the two predictions, each asked in a ``predict:`` cell before the
+measurement it is marked against: q12 (one request's unloaded latency, from the TTFT and ITL
+of section 1; ``quizzes.record(unloaded_latency_ms=...)``) and q3 (the knee of the load
+sweep, from the service rate; ``quizzes.record(knee_rate=...)``). No answer is printed by the
+lab: the numbers asked for differ from the ones its cells compute."""
 
 from quizzes.questions import Choice, Numeric, Option
 
@@ -22,7 +25,21 @@ def _calc(name, *args, **kwargs):
 def _lora_fraction() -> float:
     from minillm import calc
 
-    return calc.lora_adapter_bytes(30, 16, SMOLLM2_QKVO, 4) / (134_515_008 * 4) * 100
+    q_and_v = [SMOLLM2_QKVO[0], SMOLLM2_QKVO[2]]
+    return calc.lora_adapter_bytes(30, 64, q_and_v, 4) / (134_515_008 * 4) * 100
+
+
+def _llama3_kv_ms() -> float:
+    from minillm import calc
+
+    per_token = calc.kv_cache_bytes_per_token(num_layers=32, num_kv_heads=8, head_dim=128, dtype_bytes=2)
+    return calc.kv_transfer_time_s(8192, per_token, 25e9) * 1e3
+
+
+def _scale_rule_replicas() -> float:
+    from minillm.serve.autoscale import ScaleRule
+
+    return ScaleRule(target_per_replica=8, min_replicas=1, max_replicas=10).recommend(3, 52)
 
 
 QUESTIONS = [
@@ -38,12 +55,12 @@ QUESTIONS = [
             answer=_calc("queueing_latency_s", 0.5, 9, 10), unit="s", rtol=0.02,
             explanation="ρ = 9 / 10 = 0.9, so 0.5 / (1 − 0.9) = 5 s: ten times the unloaded latency. At "
                         "ρ = 0.5 it would be 1 s. The last 10% of capacity costs the most latency."),
-    Numeric("q3", "**Measured.** From the service rate μ you measured (section 4), predict the arrival rate "
-                  "at which this server's p99 latency blows up: the knee of the curve. It is marked against "
-                  "the knee the load sweep then measures (where p99 passes 1.5 × the full-batch time "
-                  "max_num_seqs / μ); within 20% counts as right.",
+    Numeric("q3", "**Predict, then measure.** From the service rate μ you measured (section 4), predict "
+                  "the arrival rate at which this server's p99 latency blows up: the knee of the curve. "
+                  "It is marked against the knee the load sweep then measures (where p99 passes 1.5 × "
+                  "the full-batch time max_num_seqs / μ); within 20% counts as right.",
             answer=lambda m: m["knee_rate"], unit="req/s", rtol=0.2, needs=("knee_rate",),
-            example_measured={"knee_rate": 4.0},
+            example_measured={"knee_rate": 4.0}, predict=True,
             explanation="The queue grows without bound once λ > μ (ρ > 1): the knee sits at about μ. A batching "
                         "server stays nearly flat until close to it (its slots absorb the bursts), then "
                         "climbs steeply. 1 / (one request's latency) is the mistake: it ignores the batch, "
@@ -70,8 +87,8 @@ QUESTIONS = [
                       why="Waiting requests are exactly the demand the replicas cannot absorb; by Little's "
                           "law they turn straight into latency."),
                Option("CPU utilization",
-                      why="The engine loop keeps a core busy at any load, and a GPU server's CPU says nothing "
-                          "of its GPU: CPU% is high when idle-polling and flat when the queue explodes."),
+                      why="Once the batch has work the engine loop keeps the CPU busy, whether the queue is "
+                          "empty or exploding, and a GPU server's CPU says little of its GPU."),
                Option("GPU memory used",
                       why="The KV pool is allocated up front: memory reads ~90% at any load."),
                Option("Requests per second", why="Useful, but only against capacity, which changes with "
@@ -100,22 +117,71 @@ QUESTIONS = [
                       why="Under steady load the queue is never empty."),
            ]),
     Numeric("q9", "Prefill/decode disaggregation ships each prompt's KV cache from a prefill GPU to a decode "
-                  "GPU. Llama-2-70B holds 327,680 bytes of KV per token (fp16). How many milliseconds does "
-                  "a 4,096-token prompt's KV take over a 50 GB/s link?",
-            answer=lambda: _calc("kv_transfer_time_s", 4096, 327_680, 50e9)() * 1e3, unit="ms", rtol=0.03,
-            explanation="4,096 × 327,680 B = 1.34 GB; / 50 GB/s = 27 ms, a few % of the prefill itself "
-                        "(~1 s on one GPU). In exchange, decode steps never stall behind a long prefill."),
-    Numeric("q10", "One LoRA adapter of rank 16 on SmolLM2's q, k, v and o projections (30 layers, fp32): what "
-                   "percentage of the 134.5M-parameter base model's bytes is it?",
+                  "GPU. Llama-3-8B has 32 layers and 8 KV heads of 128, in fp16. How many milliseconds "
+                  "does an 8,192-token prompt's KV take over a 25 GB/s link?",
+            answer=_llama3_kv_ms, unit="ms", rtol=0.03,
+            explanation="Per token: 2 (K and V) × 32 × 8 × 128 × 2 B = 131,072 B; × 8,192 tokens = 1.07 GB; "
+                        "÷ 25 GB/s = 43 ms. That is added to TTFT; in exchange, decode steps never stall "
+                        "behind a long prefill."),
+    Numeric("q10", "A LoRA adapter of rank 64 on SmolLM2's q and v projections only (30 layers, fp32; q is "
+                   "576 → 576, v is 576 → 192): what percentage of the 134.5M-parameter base model's bytes "
+                   "is it?",
             answer=_lora_fraction, unit="%", rtol=0.03,
-            explanation="Each adapted matrix adds r·(d_in + d_out): 16 × (1152 + 768 + 768 + 1152) = 61,440 "
-                        "parameters per layer, 1.84M in all: 7.4 MB, 1.4% of 538 MB. A hundred adapters "
-                        "cost about 1.4 base models, against a hundred full copies."),
-    Numeric("q11", "A paged KV cache holds 1,000 tokens of 40 live sequences in 80 blocks of 16. What "
+            explanation="Each adapted matrix adds r·(d_in + d_out): 64 × ((576 + 576) + (576 + 192)) = "
+                        "122,880 parameters per layer, 3.7M in all: 14.7 MB, 2.7% of 538 MB."),
+    Numeric("q11", "A paged KV cache holds 24 live sequences of 70 tokens each, in blocks of 16 tokens. What "
                    "fraction of the allocated slots is empty (the fragmentation a server should export and "
                    "alert on)?",
-            answer=_calc("kv_fragmentation", 1000, 80, 16), unit="", rtol=0.02,
-            explanation="1 − 1000 / (80 × 16) = 0.22. Paging bounds the waste to each sequence's last block, "
-                        "at most 40 × 15 = 600 slots here; a value that stays high says the blocks are too "
-                        "big for the traffic, one that grows says blocks leak."),
+            answer=_calc("kv_fragmentation", 24 * 70, 24 * 5, 16), unit="", rtol=0.02,
+            explanation="Each sequence holds ⌈70 / 16⌉ = 5 blocks = 80 slots for 70 tokens: 1 − 1680 / 1920 "
+                        "= 0.125. Paging bounds the waste to each sequence's last block; a value that stays "
+                        "high says the blocks are too big for the traffic, one that grows says blocks leak."),
+    Numeric("q12", "**Predict, then measure.** Section 1 streamed one answer and measured its TTFT and its "
+                   "mean gap between tokens (ITL). Section 4 times one request alone: a 32-token prompt and "
+                   "exactly 16 output tokens, not streamed. Predict its latency in ms from section 1's "
+                   "numbers with E2E = TTFT + (n − 1) · ITL, before the cell runs it. Within 20% counts "
+                   "as right.",
+            answer=lambda m: m["unloaded_latency_ms"], unit="ms", rtol=0.2,
+            needs=("unloaded_latency_ms",), example_measured={"unloaded_latency_ms": 450.0},
+            predict=True,
+            explanation="TTFT + 15 × ITL: the prefill of a short prompt costs about what the first token of "
+                        "the stream did, and each later token one decode step. Streaming or not, the server "
+                        "does the same steps; only when the user sees the text changes."),
+    Choice("q13", "The server sends 5 tokens per SSE event instead of 1 (after the first token, which goes "
+                  "alone). What changes?",
+           options=[
+               Option("The event loop's work per token (JSON encoding, HTTP writes) falls several-fold; the "
+                      "engine's steps, the tokens per second and the TTFT stay the same", correct=True,
+                      why="The per-event cost is paid once per 5 tokens; the per-token work (detokenizing) "
+                          "is not. The engine still makes one token per step, and the text arrives in "
+                          "bigger, rarer pieces."),
+               Option("The TTFT falls about 5-fold", why="The first token is still one step of prefill away; "
+                                                        "buffering after it cannot make it earlier."),
+               Option("The model generates 5 tokens per step", why="Buffering happens after generation, in "
+                                                                  "the HTTP layer."),
+               Option("The text changes: tokens are merged", why="The joined text is the same whatever the "
+                                                                "buffering (the server's tests check it)."),
+           ]),
+    Choice("q14", "A Kubernetes liveness probe pointed at the deep GET /health (a one-token generation that "
+                  "waits its turn in the queue). What happens under a heavy load?",
+           options=[
+               Option("The probe queues behind the load, times out, and Kubernetes restarts a busy but "
+                      "healthy replica, sending its load to the others", correct=True,
+                      why="Liveness must answer from the engine loop's state (is it running, has one step "
+                          "stalled?), not wait in line: /health/live. Readiness, /health/ready, says when to "
+                          "send traffic."),
+               Option("Nothing: a deep check is always better",
+                      why="Deep checks suit a load balancer's occasional probe or a human, not a restart "
+                          "trigger."),
+               Option("The replica stops getting traffic until the load falls",
+                      why="That is what a failing readiness probe does; a failing liveness probe restarts."),
+               Option("The queue shrinks, because probes take priority",
+                      why="The health generation is scheduled like any request."),
+           ]),
+    Numeric("q15", "The scale rule of section 8 targets 8 requests in flight (waiting + running) per replica. "
+                   "A fleet of 3 replicas holds 52 requests in all. How many replicas does it ask for?",
+            answer=_scale_rule_replicas, unit="", rtol=0, atol=0,
+            explanation="⌈52 / 8⌉ = 7: the HPA formula, replicas × (metric per replica ÷ target) = 3 × "
+                        "(17.3 ÷ 8), rounded up. It scales up at once; it scales down only once a lower "
+                        "reading has held for the stabilization window."),
 ]

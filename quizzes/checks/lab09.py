@@ -14,7 +14,8 @@ Invariants: every case is fresh random data (OpenAI-style chunks with non-ASCII 
 lognormal latencies in random order, random admission scenarios with the edges included);
 a slip is named only when it reproduces the student's answer and the right answer does not.
 A parser that fails is then run on one small probe per SSE rule, and the first rule it
-breaks is named.
+breaks is named. Messages name what is off (a rank, an order, a unit, a missing test),
+never the code of the answer.
 """
 from __future__ import annotations
 
@@ -105,7 +106,10 @@ def _diagnose_sse(fn) -> str | None:
     return None
 
 
-@register(cases=4)
+@register(cases=4, nudge="Compare your payloads with the rules listed above the exercise, one rule at "
+                         "a time, on the stream printed here.",
+          concept="SSE is line-oriented: one field per line, one event per blank line; only data "
+                  "lines carry the payload, and the end marker is not JSON.")
 def parse_sse(case: Case, fn) -> None:
     """Your parse_sse(lines): the lines of a text/event-stream (str, no line endings) ->
     the list of payloads: each event's JSON as a dict, and "[DONE]" as the string."""
@@ -139,10 +143,15 @@ def parse_sse(case: Case, fn) -> None:
 # --------------------------------------------------------------------------- percentile
 
 
-@register(cases=4)
+@register(cases=4, nudge="Try your function by hand on 10 latencies: which of the sorted values should "
+                         "p90, p95 and p50 return?",
+          concept="The nearest-rank percentile is an observed latency: the smallest one with at least "
+                  "p% of all latencies at or below it. Positions count from 1 in that definition and "
+                  "from 0 in a Python list.")
 def percentile(case: Case, fn) -> None:
     """Your percentile(latencies, p): the nearest-rank p-th percentile (p in percent) of raw
-    latencies given in arrival order: sorted(latencies)[ceil(p·n/100) − 1]."""
+    latencies given in arrival order: the smallest observed latency with at least p% of them
+    at or below it."""
     import numpy as np
 
     from minillm import calc
@@ -161,20 +170,20 @@ def percentile(case: Case, fn) -> None:
         raise _Difference(f"return one number (seconds), got {type(yours).__name__}.") from None
     if abs(yours - ref) <= 1e-12:
         return
-    where = f"(n = {n} latencies, p = {p}: rank ⌈{p}·{n}/100⌉ = {rank}, sorted(latencies)[{rank - 1}] = {ref:.6g} s)"
+    where = f"(n = {n} latencies, p = {p}: the answer is the {_ordinal(rank)} smallest, {ref:.6g} s)"
     slips = [
-        (float(np.mean(xs)), "that is the mean. A percentile is a position in the sorted values: "
-                             "p99 is the latency that 99% of requests do not exceed."),
-        (xs[rank - 1], "you indexed the latencies in arrival order: sort them first."),
-        (s[min(rank, n - 1)], "one rank too high: the k-th smallest value is sorted(...)[k − 1] "
-                              "(lists count from 0). sorted(...)[int(p * n / 100)] is right only "
-                              "when p·n/100 is not a whole number: for p99 of 100 values it takes "
-                              "the 100th."),
-        (s[max(rank - 2, 0)], "one rank too low: the rank is ⌈p·n/100⌉ (round up), and the value "
-                              "is sorted(...)[rank − 1]."),
+        (float(np.mean(xs)), "that is the mean. A percentile is one of the observed latencies, at a "
+                             "position in the sorted values: p99 is the latency that 99% of requests "
+                             "do not exceed."),
+        (xs[rank - 1], "you took the value at the right position of the latencies in arrival order: "
+                       "positions count in the SORTED latencies."),
+        (s[min(rank, n - 1)], "one position too high: check your index on 10 latencies by hand (p90 is "
+                              "the 9th smallest), and remember that a Python list counts from 0."),
+        (s[max(rank - 2, 0)], "one position too low: when p·n/100 is not a whole number, at least p% "
+                              "of the values must still lie at or below the answer."),
         (float(np.percentile(xs, p)), "you interpolated between two observations (numpy's default "
                                       "method='linear'). The nearest-rank percentile is a latency "
-                                      "that was actually observed: sorted(...)[ceil(p·n/100) − 1]."),
+                                      "that was actually observed."),
         (s[-1], "that is the maximum: p99 ignores the slowest 1% of requests."),
         (s[n // 2], "that is the median; use p."),
     ]
@@ -183,6 +192,11 @@ def percentile(case: Case, fn) -> None:
     if named:  # two slips can give the same value (the max is one rank too high for p99 of 100)
         raise _Difference(f"you gave {yours:.6g} s {where}: " + " Or: ".join(named))
     raise _Difference(f"you gave {yours:.6g} s, expected {ref:.6g} s {where}.")
+
+
+def _ordinal(k: int) -> str:
+    suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
+    return f"{k}{suffix}"
 
 
 # --------------------------------------------------------------------------- shed or admit
@@ -200,29 +214,32 @@ def reference_should_admit(prompt_len, num_waiting, num_free_blocks, reserved_bl
 _ADMIT_SLIPS = [
     (lambda p, w, f, r, q, b: w <= q and -(-p // b) <= f - r,
      "the queue limit is off by one: with max_queue_len = q, a new request that finds q "
-     "already waiting would make q + 1. Shed when num_waiting >= max_queue_len."),
+     "already waiting would make q + 1 waiting."),
     (lambda p, w, f, r, q, b: w < q and p // b <= f - r,
-     "p // block_size rounds down: a prompt of 17 tokens in blocks of 16 needs 2 blocks. "
-     "Round up: -(-p // block_size), or math.ceil(p / block_size)."),
+     "a prompt's blocks are rounded down: a prompt of 17 tokens in blocks of 16 needs 2 blocks, "
+     "not 1."),
     (lambda p, w, f, r, q, b: w < q and p <= f - r,
-     "you compared tokens with blocks: the prompt needs ceil(prompt_len / block_size) blocks."),
+     "you compared tokens with blocks: count the prompt in blocks."),
     (lambda p, w, f, r, q, b: w < q and -(-p // b) <= f,
      "the waiting requests' prompts will take reserved_blocks of the free blocks before this "
-     "one runs: compare with num_free_blocks - reserved_blocks."),
+     "one runs: those blocks are not free for it."),
     (lambda p, w, f, r, q, b: w < q and -(-p // b) < f - r,
-     "a prompt that needs exactly the blocks that are left fits: admit when needed <= available."),
+     "a prompt that needs exactly the blocks that are left fits: it must be admitted."),
     (lambda p, w, f, r, q, b: -(-p // b) <= f - r,
-     "the queue limit is never applied: shed when num_waiting >= max_queue_len, whatever the "
-     "free blocks say (a long queue means every new request waits too long anyway)."),
+     "the queue limit is never applied: a full queue sheds whatever the free blocks say (a long "
+     "queue means every new request waits too long anyway)."),
     (lambda p, w, f, r, q, b: w < q,
-     "the KV check is missing: shed when the prompt's blocks do not fit in the free blocks "
-     "left after the waiting prompts (num_free_blocks - reserved_blocks)."),
+     "the KV check is missing: a prompt that the blocks left by the waiting prompts cannot hold "
+     "must be shed."),
     (lambda *a: not reference_should_admit(*a),
      "every answer is inverted: return True to admit, False to shed (answer 503)."),
 ]
 
 
-@register(cases=3)
+@register(cases=3, nudge="Run the two shedding cases on paper with the inputs printed above.",
+          concept="Admission protects the requests already accepted: the queue bounds how long they "
+                  "wait, and the KV pool must keep room for the prompts already waiting before it "
+                  "takes a new one.")
 def should_admit(case: Case, fn) -> None:
     """Your should_admit(prompt_len, num_waiting, num_free_blocks, reserved_blocks,
     max_queue_len, block_size) -> True to admit, False to shed with a 503 + Retry-After."""
