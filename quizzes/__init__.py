@@ -1,10 +1,12 @@
 """Course machinery: checks, quizzes, student notebooks and grading.
 
-Students meet three names::
+Students meet four names::
 
     from quizzes import check      # check.kv_append(my_kv_append)
     import quizzes
+    quizzes.predict("lab02.q9", "")   # a prediction, typed between the quotes BEFORE the measurement
     quizzes.show("lab02")          # the lab's quiz as widgets (or "lab02.q3" for one question)
+    quizzes.answer("lab02.q3", "26 GB")   # the same without widgets
 
 Authoring guide (for whoever writes a lab)
 ==========================================
@@ -42,6 +44,11 @@ Cell tags (cell metadata "tags"; JupyterLab: property inspector -> Common Tools)
 - ``check:<id>``     a cell that checks exercise <id>; at least one per exercise.
   Made read-only in the lab, and the grader always runs the release copy.
 - ``quiz:<id>``      a cell showing quiz questions (for readers and tests only).
+- ``predict:<id>``   a cell asking the prediction ``<bank>.<id>`` (see 3): it holds only
+  ``quizzes.predict("lab01.q15", <reference>)`` (plus imports and comments), and the lab
+  gets ``quizzes.predict("lab01.q15", "")``. The release refuses anything else in it
+  (a line computing the reference would hand out the answer), a call for a question
+  that is not ``predict=True``, and a tag without its call.
 - ``solution-only``  the whole cell is left out of the lab (instructor notes, ...).
 
 2. Checks (``quizzes/checks/labNN.py``)
@@ -76,10 +83,24 @@ times with fresh seeds::
 A pass prints ``✓ name: matches the reference on 3 random cases``; a failure
 raises ``CheckFailed`` (an AssertionError) that Jupyter shows as the message only.
 
-Hints teach best after an attempt. The stub's ``# HINT:`` line says where to start
-(it is also the "not implemented yet" message); the formula goes in
-``@register(hint="...")``, which is printed as ``Hint: ...`` under every failure of
-a wrong attempt, never under an untouched stub.
+Hints teach best after an attempt, and never by handing out the formula. The ladder:
+
+- the stub's ``# HINT:`` line states the task and the rules the check enforces (shapes,
+  dtypes, what to return); it is the "not implemented yet" message of an untouched stub;
+- every wrong attempt prints what differs and, when the check can see it, an automatic
+  ``Diagnosis:`` (``checks/diagnosis.py``): the sign flipped, a unit slip (10³, 10⁹, GiB
+  against GB, percent against fraction), a constant factor (named: 2×, 1/2, √2), a
+  constant offset or a difference equal to one of the inputs (a missing term), a
+  transposed result. Nothing to write for it: ``case.compare`` finds it;
+- ``@register(nudge="...")``: printed as ``Hint: ...`` from the first wrong attempt on:
+  what to look at (which quantity, dimension or unit), not how to compute it;
+- ``@register(concept="...")``: printed as ``Concept: ...`` from the second wrong attempt
+  of that check in the kernel session on (``checks.attempts`` counts them): the idea.
+  ``hint=`` is the old name of ``concept`` and still works.
+
+No stub hint and no nudge/concept may contain a line of the solution block (at least 12
+characters without spaces, with an operator or a call, or its right-hand side after
+``return``/``=``): tests/test_hints.py checks every exercise of every solution notebook.
 
 3. Quiz banks (``quizzes/bank/labNN.py``)
 -----------------------------------------
@@ -109,12 +130,29 @@ read in the question's unit; an answer off by 10^3/10^6/10^9 (or GiB vs GB) gets
 lab's measurement cell with ``quizzes.record(bandwidth_GBps=bw)``.
 ``quizzes.answer("lab01.q3", "26 GB")`` marks an answer without widgets (tests).
 
-Predict, then measure: every lab has at least one question where the student
-predicts a number from a formula and an earlier measurement of their own, the
-notebook then measures it (``record``), and the answer is marked against that
-measurement: a ``Numeric`` with ``needs=(...)`` and ``rtol <= 0.2``, whose prompt
-states the tolerance. tests/test_predict_measure.py enforces it for every lab in
-solutions/ and checks that a prediction 10× off is marked wrong.
+Predict, then measure: every lab asks at least two predictions. A prediction is a
+``Numeric(..., predict=True, needs=(<measurement keys>,), rtol<=0.2)`` whose prompt names
+the formula or the earlier measurement to use and states the tolerance. In the solution,
+a cell tagged ``predict:<id>`` BEFORE the cell that measures and calls ``quizzes.record``
+gives the reference prediction, computed from earlier cells' variables::
+
+    quizzes.predict("lab01.q15", f"{bandwidth_GBps * 1e9 / weight_bytes:.0f} tok/s")
+
+The lab gets ``quizzes.predict("lab01.q15", "")``: the student types a prediction between
+the quotes and runs the cell. ``predict`` reads it (units as any ``Numeric``), keeps the
+FIRST answer, shows a later different one as a change (the first stays the one marked),
+and says it is marked after the measurement. After the measurement cell,
+``quizzes.show("lab01")`` (or ``"lab01.q15"``) marks the kept prediction against the
+measurement instead of asking again ("you predicted X; your measurement gives Y: +12%
+off, within the 20% allowed: right"); it shows a text box only if nothing was predicted.
+A first prediction given after the measurement was recorded in the same kernel is marked
+"late" by the grader. tests/test_quiz_predictions.py checks that every lab has two, each
+``predict:`` cell before the first cell recording each of its ``needs``;
+tests/test_predict_measure.py that a prediction 10× off is marked wrong.
+
+Answers count once: for every question, the student's FIRST readable answer (predicted,
+Checked in the widget, or given to ``quizzes.answer``) is kept and is what the grader
+marks (see 6).
 Every bank is tested automatically (tests/test_quizzes_core.py): each question must
 accept its own expected answer.
 
@@ -133,7 +171,31 @@ measured ones with their unit. Save solution notebooks WITH outputs.
 ``python -m quizzes.grade SUBMISSIONS/`` matches each submitted ``*NN-topic*.ipynb``
 to ``labs/NN-topic.ipynb``, builds a fresh copy of the lab with only the student's
 ``exercise:`` cells, runs it (per-cell timeout), and scores each exercise by the
-fraction of its ``check:`` cells that ran without error.
+fraction of its ``check:`` cells that ran without error. Each quiz question the lab
+shows or predicts is worth 1 point, for its FIRST answer (see 6): predictions are marked
+against the measurements of the graded run (the grader appends a cell that reports
+``quizzes.measured``), other questions that read measurements against the values the
+student saw when answering. A second submission cannot replace a first answer: the
+grader keeps the first answers it has seen per student and lab in ``OUT/answers.json``.
+Output: ``scores.csv`` (a line per submission: totals, then a column per exercise and
+per question, e.g. ``kv_append``, ``lab02.q9``), ``details.csv`` (a line per submission ×
+exercise or question: status, detail, the first answer), per-submission feedback files
+and the graded notebooks.
+
+6. Where answers are kept (``quizzes/kept.py``)
+-----------------------------------------------
+Per question, one entry: ``{"qid", "kind": "prediction"|"answer", "first": {"text",
+"value", "at", "after_measurement", ["measured"]}, "latest": {...}, "changes"}``. It is
+kept in the kernel; in a sidecar file next to the notebook, ``.<notebook>.answers.json``
+(when Jupyter names the notebook through ``JPY_SESSION_NAME``, or in the file
+``QUIZZES_ANSWERS`` names; ``QUIZZES_ANSWERS=off`` for none), so a kernel restart does not
+reset it; and in the notebook itself: the output of the ``predict:`` cell, the result of
+``quizzes.answer`` and the "kept for grading" line under a quiz (which Check updates in
+place through its display id) carry ``{"minillm_quiz": {"version": 1, "answers":
+{qid: entry}}}`` in their output metadata. That metadata is what the grader reads from a
+submitted ``.ipynb`` (the earliest first answer per question wins); a kernel also reads it
+back from the saved notebook on first use. The marks in the notebook and the grader's come
+from one function, ``predictions.mark_entry``.
 """
 
 from __future__ import annotations
@@ -141,7 +203,8 @@ from __future__ import annotations
 import sys as _sys
 
 from . import checks
-from .questions import Result, answer, expected, measured, record
+from .predictions import answer, predict
+from .questions import Result, expected, measured, record
 
 check = checks  # ``from quizzes import check`` is how notebooks spell it
 _sys.modules.setdefault(__name__ + ".check", checks)
@@ -154,4 +217,4 @@ def show(spec) -> None:
     _show(spec)
 
 
-__all__ = ["check", "checks", "answer", "expected", "show", "record", "measured", "Result"]
+__all__ = ["check", "checks", "answer", "expected", "predict", "show", "record", "measured", "Result"]

@@ -12,14 +12,21 @@ For every ``*.ipynb`` under SUBMISSIONS_DIR (nested per student or flat):
 3. run it with nbclient, cell by cell; exercise and check cells get
    ``--timeout`` seconds, the lab's own cells ``--setup-timeout``;
 4. score each exercise: points × (its check cells that ran without error ÷ its
-   check cells).
+   check cells);
+5. score each quiz question the notebook asks (``quizzes.show``/``quizzes.predict``):
+   1 point when the student's FIRST answer, kept in the submission's output metadata
+   (and in the grader's ledger ``OUT/answers.json`` from earlier submissions), is right;
+   predictions are marked against the measurements of this graded run (see
+   ``quizzes.quiz_grading``).
 
 A cell that times out (or kills the kernel) stops the run; its exercise gets
 0 ("timeout"), its cell is replaced by the release stub and the notebook is
 run again, so the other exercises are still graded on a clean kernel.
 Unreadable or unmatched files are reported as rows, never as a crash.
 
-Writes ``OUT/scores.csv`` (one row per submission × exercise), and per
+Writes ``OUT/scores.csv`` (one line per submission: totals, then a column per exercise
+and per question), ``OUT/details.csv`` (one line per submission × exercise or question,
+with status and detail), ``OUT/answers.json`` (the first answers kept so far), and per
 submission ``OUT/<student>/<name>.graded.ipynb`` (the run, with outputs) and
 ``.feedback.txt``; prints a summary. Exit code 0 unless nothing could be graded
 because the release notebooks are missing.
@@ -42,8 +49,11 @@ from pathlib import Path
 
 import nbformat
 
+from . import kept
+from .quiz_grading import (add_measured_cell, asked_questions, load_ledger, merged_answers, quiz_rows, save_ledger,
+                           submitted_answers)
 from .release import Layout, layout
-from .scores import CSV_FIELDS, Outcome, Row, summary, write_feedback, write_scores
+from .scores import CSV_FIELDS, Outcome, Row, summary, write_details, write_feedback, write_scores
 from .submissions import assemble, find_submissions, match_release, student_exercises, student_name
 
 __all__ = ["grade_all", "grade_notebook", "execute", "main",
@@ -76,7 +86,9 @@ def execute(nb, lay: Layout, cwd: Path, timeout: float, setup_timeout: float) ->
         startup_timeout=180,
         resources={"metadata": {"path": str(cwd)}},
     )
-    with client.setup_kernel():
+    # the kernel keeps no answers of its own: no sidecar file, nothing read from a notebook
+    env = {k: v for k, v in os.environ.items() if k != "JPY_SESSION_NAME"}
+    with client.setup_kernel(env={**env, "QUIZZES_ANSWERS": "off"}):
         for i, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
                 continue
@@ -102,7 +114,8 @@ def _first_lines(text: str, n: int = 3) -> str:
 
 
 def grade_notebook(path: Path, root: Path, releases: dict[str, Path], timeout: float, setup_timeout: float,
-                   cwd: Path | None = None) -> Outcome:
+                   cwd: Path | None = None, earlier: dict[str, dict] | None = None) -> Outcome:
+    """Grade one submission. ``earlier``: first answers the ledger kept for this student and lab."""
     rel = str(path.relative_to(root))
     release_path = match_release(path, releases)
     student = student_name(path, root, release_path.stem if release_path else None)
@@ -122,6 +135,14 @@ def grade_notebook(path: Path, root: Path, releases: dict[str, Path], timeout: f
     release_nb = nbformat.read(release_path, as_version=4)
     lay = layout(release_nb, str(release_path))
     sources, missing = student_exercises(student_nb, release_nb, lay)
+    qids = asked_questions(release_nb)
+    answers = merged_answers(earlier or {}, submitted_answers(student_nb), qids)
+    base = (student, rel, nbname)
+
+    def finish(rows: list[Row], run, passes: int, notes: list[str]) -> Outcome:
+        measured = kept.measured_in_notebook(run) if run is not None else None
+        rows = rows + quiz_rows(base, qids, answers, measured, student_nb)
+        return Outcome(rows, run, passes, notes, answers, f"{student}|{nbname}")
 
     stubbed: dict[str, str] = {}  # exercise -> "timeout"/"crashed"
     blanked: set[int] = set()
@@ -133,14 +154,19 @@ def grade_notebook(path: Path, root: Path, releases: dict[str, Path], timeout: f
     passes = 0
     for passes in range(1, len(lay.exercises) + len(release_nb.cells) + 2):
         nb = assemble(release_nb, lay, sources, set(stubbed), blanked)
+        add_measured_cell(nb)
         try:
             stop, why = execute(nb, lay, cwd or release_path.parent, timeout, setup_timeout)
         except Exception as exc:  # kernel would not start, etc.
             rows = [Row(student, rel, nbname, ex, 0, lay.points[ex], "error",
                         f"the grader could not run the notebook: {type(exc).__name__}: {exc}")
                     for ex in lay.exercises]
-            return Outcome(rows, nb, passes, notes)
+            return finish(rows, None, passes, notes)
         if stop is None:
+            break
+        if stop >= len(release_nb.cells):  # the grader's own last cell: the lab's cells all ran
+            notes.append(f"run {passes}: the grader's measurement cell {why}; predictions are not measured")
+            stop = None
             break
         ex = owner.get(stop)
         if ex is not None and ex not in stubbed:
@@ -149,10 +175,8 @@ def grade_notebook(path: Path, root: Path, releases: dict[str, Path], timeout: f
         else:
             blanked.add(stop)
             notes.append(f"run {passes}: cell {stop} (not an exercise) {why}; re-running without it")
-    rows = []
-    for ex in lay.exercises:
-        rows.append(_score(ex, lay, nb, stubbed, missing, student, rel, nbname, timeout, stop))
-    return Outcome(rows, nb, passes, notes)
+    rows = [_score(ex, lay, nb, stubbed, missing, student, rel, nbname, timeout, stop) for ex in lay.exercises]
+    return finish(rows, nb, passes, notes)
 
 
 def _score(ex: str, lay: Layout, nb, stubbed: dict[str, str], missing: set[str], student: str, rel: str,
@@ -195,10 +219,10 @@ def _score(ex: str, lay: Layout, nb, stubbed: dict[str, str], missing: set[str],
 
 
 def _grade_one(args: tuple) -> tuple[str, Outcome]:
-    path, root, releases, timeout, setup_timeout, cwd = args
+    path, root, releases, timeout, setup_timeout, cwd, earlier = args
     t0 = time.monotonic()
     try:
-        out = grade_notebook(path, root, releases, timeout, setup_timeout, cwd)
+        out = grade_notebook(path, root, releases, timeout, setup_timeout, cwd, earlier)
     except Exception as exc:  # one odd submission must not stop the batch
         rel = str(path.relative_to(root))
         matched = match_release(path, releases)
@@ -216,7 +240,9 @@ def grade_all(submissions: Path, release_dir: Path, out_dir: Path, timeout: floa
         raise SystemExit(f"no release notebooks in {release_dir}/ (run `make labs` first)")
     root = submissions if submissions.is_dir() else submissions.parent
     paths = find_submissions(submissions)
-    work = [(p, root, releases, timeout, setup_timeout, cwd) for p in paths]
+    ledger = load_ledger(out_dir)
+    work = [(p, root, releases, timeout, setup_timeout, cwd, ledger.get(_ledger_key(p, root, releases), {}))
+            for p in paths]
     if jobs > 1 and len(work) > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -230,10 +256,20 @@ def grade_all(submissions: Path, release_dir: Path, out_dir: Path, timeout: floa
     for path_str, outcome in results:
         rows.extend(outcome.rows)
         write_feedback(Path(path_str), root, out_dir, outcome)
+        if outcome.key and outcome.answers:
+            ledger[outcome.key] = {**ledger.get(outcome.key, {}), **outcome.answers}
     write_scores(rows, out_dir / "scores.csv")
+    write_details(rows, out_dir / "details.csv")
+    save_ledger(out_dir, ledger)
     log(summary(rows))
-    log(f"\nwrote {out_dir / 'scores.csv'}")
+    log(f"\nwrote {out_dir / 'scores.csv'} (a line per submission) and {out_dir / 'details.csv'} (a line per item)")
     return rows
+
+
+def _ledger_key(path: Path, root: Path, releases: dict[str, Path]) -> str:
+    matched = match_release(path, releases)
+    stem = matched.stem if matched else "-"
+    return f"{student_name(path, root, matched.stem if matched else None)}|{stem}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,9 +45,34 @@ def _close(x: float, target: float, q: NumericQuestion) -> bool:
     return abs(x - target) <= q.atol + q.rtol * abs(target)
 
 
-def _mark_numeric(qid: str, q: NumericQuestion, value: Any, measured_values: Mapping[str, float] | None) -> Result:
+class Unreadable(ValueError):
+    """What the student typed is not a number in a unit the question accepts; the message says why."""
+
+
+def read_number(q: NumericQuestion, value: Any) -> float:
+    """What the student typed, as a number in the question's unit (no target needed: predictions
+    are read this way before the measurement exists). Raises ``Unreadable`` with the message to show."""
     unit_text = q.unit or "a plain number"
     example = f"{format_quantity(2.5, q.unit)}" if q.unit else "2.5"
+    try:
+        given = parse_quantity(value)
+    except UnitError as exc:
+        text = str(value).strip()
+        if text and not any(c.isdigit() for c in text):
+            msg = f"Please enter a number, like {example!r} or '2.5e9' — '{text}' is not one."
+        elif "," in text and re.search(r"\d,\d{1,2}(\D|$)", text):
+            msg = f"Use a dot for decimals: e.g. {example!r}."
+        else:
+            msg = f"I could not read that: {exc}. Answer in {unit_text}, e.g. {example!r}."
+        raise Unreadable(msg) from None
+    want_dim, factor = parse_unit(q.unit)
+    x = _to_question_unit(given, want_dim, factor, value, q.unit)
+    if isinstance(x, str):
+        raise Unreadable(x)
+    return x
+
+
+def _mark_numeric(qid: str, q: NumericQuestion, value: Any, measured_values: Mapping[str, float] | None) -> Result:
     # 1. the right answer (may need this machine's measurements)
     try:
         target = q.expected_value(measured_values)
@@ -62,20 +87,10 @@ def _mark_numeric(qid: str, q: NumericQuestion, value: Any, measured_values: Map
                       "This is a bug in the course; please report it.")
     # 2. the student's number, in the question's unit
     try:
-        given = parse_quantity(value)
-    except UnitError as exc:
-        text = str(value).strip()
-        if text and not any(c.isdigit() for c in text):
-            msg = f"Please enter a number, like {example!r} or '2.5e9' — '{text}' is not one."
-        elif "," in text and re.search(r"\d,\d{1,2}(\D|$)", text):
-            msg = f"Use a dot for decimals: e.g. {example!r}."
-        else:
-            msg = f"I could not read that: {exc}. Answer in {unit_text}, e.g. {example!r}."
-        return Result(qid, False, "invalid", msg)
-    want_dim, factor = parse_unit(q.unit)
-    x = _to_question_unit(given, want_dim, factor, value, q.unit)
-    if isinstance(x, str):
-        return Result(qid, False, "invalid", x)
+        x = read_number(q, value)
+    except Unreadable as exc:
+        return Result(qid, False, "invalid", str(exc))
+    want_dim, _ = parse_unit(q.unit)
     shown_target = format_quantity(target, q.unit)
     shown_x = format_quantity(x, q.unit)
     if _close(x, target, q):

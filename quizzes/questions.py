@@ -48,9 +48,13 @@ __all__ = [
     "get_question",
     "measured",
     "record",
+    "choice_index",
+    "MAX_PREDICT_RTOL",
 ]
 
 _ID = re.compile(r"^[a-z0-9_]+$")
+#: The loosest tolerance a prediction may have (the issue's "20% or less").
+MAX_PREDICT_RTOL = 0.2
 
 #: Values measured on this machine by a lab's measurement cells, read by
 #: ``Numeric`` answers that declare ``needs=(...)``. Fill it with ``record``.
@@ -76,6 +80,9 @@ class Numeric:
         student is told to run the measurement cell first.
     example_measured: values for ``needs`` used by the tests of the bank.
     rtol/atol: an answer x is right when |x - answer| <= atol + rtol*|answer|.
+    predict: a prediction: asked in a ``predict:<id>`` cell with ``quizzes.predict`` BEFORE
+        the cell that measures ``needs``; the student's first answer is kept and marked
+        against the measurement (needs a non-empty ``needs`` and ``0 < rtol <= 0.2``).
     """
 
     id: str
@@ -88,6 +95,7 @@ class Numeric:
     needs: tuple[str, ...] = ()
     example_measured: Mapping[str, float] = field(default_factory=dict)
     placeholder: str = ""
+    predict: bool = False
 
     kind = "numeric"
 
@@ -195,6 +203,10 @@ def _validate(bank: str, q: Any) -> None:
         missing = [k for k in q.needs if k not in q.example_measured]
         if missing:
             raise ValueError(f"{where}, {q.id}: give example_measured values for {missing} (the tests use them)")
+        if q.predict and (not q.needs or not 0 < q.rtol <= MAX_PREDICT_RTOL or q.atol):
+            raise ValueError(f"{where}, {q.id}: a prediction (predict=True) is marked against a measurement: give "
+                             f"needs=(...) and 0 < rtol <= {MAX_PREDICT_RTOL} with atol=0 (it has needs={q.needs}, "
+                             f"rtol={q.rtol}, atol={q.atol})")
 
 
 def get_question(qid: str) -> tuple[Bank, Question]:
@@ -227,25 +239,29 @@ def answer(qid: str, value: Any, measured_values: Mapping[str, float] | None = N
     return _mark_numeric(qid, q, value, measured_values)
 
 
-def _mark_choice(qid: str, q: Choice, value: Any) -> Result:
+def choice_index(q: Choice, value: Any) -> int | None:
+    """The option a value picks: an index (0-based), a letter ("b"), the option text or the Option."""
     opts = list(q.options)
-    idx: int | None = None
     if isinstance(value, Option):
-        idx = opts.index(value) if value in opts else None
-    elif isinstance(value, int) and not isinstance(value, bool):
-        idx = value if 0 <= value < len(opts) else None
-    elif isinstance(value, str):
+        return opts.index(value) if value in opts else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if 0 <= value < len(opts) else None
+    if isinstance(value, str):
         v = value.strip()
         letters = "abcdefghijklmnopqrstuvwxyz"[: len(opts)]
         if len(v) == 1 and v.casefold() in letters:
-            idx = letters.index(v.casefold())
-        else:
-            for i, o in enumerate(opts):
-                if o.text.strip().casefold() == v.casefold():
-                    idx = i
+            return letters.index(v.casefold())
+        for i, o in enumerate(opts):
+            if o.text.strip().casefold() == v.casefold():
+                return i
+    return None
+
+
+def _mark_choice(qid: str, q: Choice, value: Any) -> Result:
+    idx = choice_index(q, value)
     if idx is None:
         return Result(qid, False, "invalid", "Pick one of the options first.", "")
-    chosen = opts[idx]
+    chosen = list(q.options)[idx]
     if chosen.correct:
         msg = "✓ Correct." + (f" {chosen.why}" if chosen.why else "")
         return Result(qid, True, "correct", msg, q.explanation, chosen.text)

@@ -12,6 +12,10 @@ Rules (see the guide in ``quizzes/__init__.py``):
   ``deletable`` false); notebook metadata is replaced by a fixed kernelspec
   (``python3``) and a note naming the source; ``# NBVAL_`` comment lines go.
 - ``solution-only`` cells are dropped.
+- In a cell tagged ``predict:<id>``, each ``quizzes.predict("<bank>.<id>", <reference>)``
+  becomes ``quizzes.predict("<bank>.<id>", "")``: the student types the prediction between
+  the quotes. Such a cell holds only those calls (plus imports and comments), each for a
+  ``Numeric(predict=True)`` of the bank, one per ``predict:`` tag.
 
 Invariants: the output depends only on the source notebook (same bytes on every
 run); no marker and no solution line reaches a lab (checked, ReleaseError
@@ -21,6 +25,7 @@ otherwise); every exercise has exactly one exercise cell and at least one check.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 import sys
@@ -64,6 +69,7 @@ class Layout:
     exercise_cell: dict[str, int] = field(default_factory=dict)
     check_cells: dict[str, list[int]] = field(default_factory=dict)
     points: dict[str, float] = field(default_factory=dict)
+    predict_cell: dict[str, int] = field(default_factory=dict)  # local question id -> its predict: cell
 
     @property
     def exercises(self) -> list[str]:
@@ -78,6 +84,16 @@ def layout(nb, where: str = "notebook") -> Layout:
         for kind, val in (("exercise", ex), ("check", ck), ("quiz", tag_value(cell, "quiz"))):
             if val is not None and not _TAG_ID.match(val):
                 raise ReleaseError(f"{where}, cell {i}: tag '{kind}:{val}' — ids may use letters, digits, _ . -")
+        for pid in predict_tags(cell):
+            if not _TAG_ID.match(pid) or cell.cell_type != "code":
+                raise ReleaseError(f"{where}, cell {i}: tag 'predict:{pid}' belongs on a code cell, and its id "
+                                   "may use letters, digits, _ . -")
+            if pid in out.predict_cell:
+                raise ReleaseError(f"{where}: predict:{pid} is tagged on cells {out.predict_cell[pid]} and {i}; "
+                                   "ask each prediction once")
+            if ex is not None or ck is not None:
+                raise ReleaseError(f"{where}, cell {i}: a predict:{pid} cell cannot also be an exercise or a check")
+            out.predict_cell[pid] = i
         if ex is not None and ck is not None:
             raise ReleaseError(f"{where}, cell {i}: a cell is either exercise:{ex} or check:{ck}, not both")
         if (ex is not None or ck is not None) and cell.cell_type != "code":
@@ -103,6 +119,69 @@ def layout(nb, where: str = "notebook") -> Layout:
         if out.check_cells[ex][0] < i:
             raise ReleaseError(f"{where}: a check:{ex} cell comes before its exercise cell {i}")
     return out
+
+
+def predict_tags(cell) -> list[str]:
+    """The <id>s of all ``predict:<id>`` tags of a cell."""
+    return [t.split(":", 1)[1].strip() for t in tags(cell) if t.startswith("predict:")]
+
+
+# ----------------------------------------------------------------------- prediction cells
+
+
+def _is_predict_call(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "predict"
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "quizzes")
+
+
+def blank_predictions(source: str, ids: list[str], where: str) -> str:
+    """``quizzes.predict(qid, <reference>)`` -> ``quizzes.predict(qid, "")`` in a predict: cell."""
+    rule = ("a predict: cell holds only quizzes.predict(\"<bank>.<id>\", <reference>) calls (plus imports and "
+            "comments): compute the reference inside the call, from earlier cells' variables, so that the lab "
+            "gets quizzes.predict(qid, \"\") and nothing that gives the answer away")
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise ReleaseError(f"{where}: {rule} (this one is not plain Python: {exc.msg}, line {exc.lineno})") from None
+    spans: list[tuple[int, int, int, int]] = []
+    seen: list[str] = []
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            continue
+        if not (isinstance(stmt, ast.Expr) and _is_predict_call(stmt.value)):
+            raise ReleaseError(f"{where}, line {stmt.lineno}: {rule}")
+        call = stmt.value
+        qid = call.args[0].value if call.args and isinstance(call.args[0], ast.Constant) else None
+        if not isinstance(qid, str) or "." not in qid:
+            raise ReleaseError(f"{where}, line {stmt.lineno}: the first argument of quizzes.predict must be the "
+                               "question id as a string literal, e.g. \"lab01.q15\"")
+        ref = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "answer"), None)
+        if ref is None:
+            raise ReleaseError(f"{where}, line {stmt.lineno}: give quizzes.predict({qid!r}, ...) the reference "
+                               "prediction as its second argument (the lab gets \"\" there)")
+        _check_prediction(qid, where)
+        seen.append(qid.split(".", 1)[1])
+        spans.append((ref.lineno, ref.col_offset, ref.end_lineno, ref.end_col_offset))
+    if sorted(seen) != sorted(ids):
+        raise ReleaseError(f"{where}: the cell is tagged {', '.join('predict:' + i for i in ids)} but predicts "
+                           f"{', '.join(seen) or 'nothing'}: one quizzes.predict call per predict: tag")
+    lines = [ln.encode("utf-8") for ln in source.split("\n")]  # ast offsets count UTF-8 bytes
+    for l0, c0, l1, c1 in sorted(spans, reverse=True):
+        head, tail = lines[l0 - 1][:c0], lines[l1 - 1][c1:]
+        lines[l0 - 1: l1] = [head + b'""' + tail]
+    return "\n".join(ln.decode("utf-8") for ln in lines)
+
+
+def _check_prediction(qid: str, where: str) -> None:
+    from .questions import Numeric, get_question
+
+    try:
+        _, q = get_question(qid)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ReleaseError(f"{where}: quizzes.predict({qid!r}): {exc}") from None
+    if not (isinstance(q, Numeric) and q.predict):
+        raise ReleaseError(f"{where}: {qid} is not written as a prediction: make it Numeric(..., predict=True, "
+                           "needs=(...)) in its bank")
 
 
 # ----------------------------------------------------------------------- solution blocks
@@ -171,6 +250,8 @@ def build_lab(solution, name: str):
             if tag_value(cell, "exercise") is not None and not blocks:
                 raise ReleaseError(f"{where}, cell {i}: exercise:{tag_value(cell, 'exercise')} has no "
                                    f"'{BEGIN}' ... '{END}' block")
+            if predict_tags(cell):
+                new_src = blank_predictions(new_src, predict_tags(cell), f"{where}, cell {i}")
             outside = {ln.strip() for ln in new_src.splitlines()}
             leaked_candidates += [(i, ln) for ln in removed if _significant(ln) and ln.strip() not in outside]
             src = new_src

@@ -7,7 +7,8 @@ four outcomes it is; ``message`` is what the student reads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["Result"]
 
@@ -26,11 +27,14 @@ class Result:
     message: str
     explanation: str = ""
     expected: str = ""  # the right answer as text; "" when not revealed/known
+    #: output metadata to save with the displayed result (``quizzes.answer`` puts the kept
+    #: first answer here, see ``quizzes.kept``); not part of equality
+    metadata: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         return self.message
 
-    def _repr_html_(self) -> str:  # pragma: no cover - cosmetic
+    def _repr_html_(self) -> str:
         import html
 
         color = "#137333" if self.correct else "#b3261e"
@@ -38,3 +42,8 @@ class Result:
         if self.explanation and self.correct:
             out += f"<div>{html.escape(self.explanation)}</div>"
         return out
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        """Text and HTML, plus ``metadata`` saved in the notebook with the output."""
+        data = {"text/plain": self.message, "text/html": self._repr_html_()}
+        return (data, self.metadata) if self.metadata else data

@@ -1,9 +1,17 @@
-"""What the grader reports: one ``Row`` per submission × exercise, ``scores.csv``, a
-feedback file per submission and the summary printed at the end.
+"""What the grader reports: one ``Row`` per submission × exercise and per submission ×
+quiz question, the two CSV files, a feedback file per submission and the summary.
 
-``Row.status`` is one of: pass, partial, fail, not implemented, missing, error, timeout
-(the exercise's own cells), unreadable, unmatched (the whole file). A file that could not
-be graded is a row too, never a crash.
+- ``scores.csv``: one line per submission; columns ``SCORE_FIELDS`` (who, which lab, the
+  totals), then one column per exercise (its id) and one per quiz question (its full id,
+  ``lab01.q15``), holding the points (empty where that lab has no such item).
+- ``details.csv``: one line per row, columns ``CSV_FIELDS``: status and detail of each
+  exercise and question, the first answer that was marked.
+
+``Row.kind``: "exercise", "quiz" or "prediction". ``Row.status`` for an exercise: pass,
+partial, fail, not implemented, missing, error, timeout; for a question: right, wrong,
+unanswered, late (a prediction first answered after its measurement), not measured (the
+graded run did not record what it needs), invalid, error; for the whole file: unreadable,
+unmatched. A file that could not be graded is a row too, never a crash.
 """
 
 from __future__ import annotations
@@ -15,9 +23,13 @@ from pathlib import Path
 
 import nbformat
 
-__all__ = ["CSV_FIELDS", "Row", "Outcome", "write_scores", "write_feedback", "summary"]
+__all__ = ["CSV_FIELDS", "SCORE_FIELDS", "Row", "Outcome", "write_scores", "write_details", "write_feedback",
+           "summary"]
 
-CSV_FIELDS = ["student", "submission", "notebook", "exercise", "points", "max_points", "status", "detail"]
+CSV_FIELDS = ["student", "submission", "notebook", "exercise", "points", "max_points", "status", "detail", "kind",
+              "answer"]
+SCORE_FIELDS = ["student", "submission", "notebook", "status", "total", "max_total", "exercises", "exercises_max",
+                "quiz", "quiz_max"]
 
 
 @dataclass
@@ -28,8 +40,14 @@ class Row:
     exercise: str
     points: float
     max_points: float
-    status: str  # pass | partial | fail | not implemented | missing | error | timeout | unreadable | unmatched
+    status: str  # see the module docstring
     detail: str = ""
+    kind: str = "exercise"  # exercise | quiz | prediction
+    answer: str = ""  # for a question: the first answer, as typed
+
+    @property
+    def is_question(self) -> bool:
+        return self.kind in ("quiz", "prediction")
 
 
 @dataclass
@@ -40,15 +58,50 @@ class Outcome:
     graded: object | None = None  # the executed notebook
     passes: int = 0
     notes: list[str] = field(default_factory=list)
+    answers: dict = field(default_factory=dict)  # qid -> the kept entry that was marked (quizzes.kept)
+    key: str = ""  # "<student>|<notebook>": where the grader's ledger keeps its first answers
 
 
-def write_scores(rows: list[Row], path: Path) -> None:
-    """``scores.csv``: one line per row, columns ``CSV_FIELDS``."""
+def write_details(rows: list[Row], path: Path) -> None:
+    """``details.csv``: one line per row, columns ``CSV_FIELDS``."""
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         w.writeheader()
         for r in rows:
             w.writerow(asdict(r))
+
+
+def _g(x: float) -> str:
+    return f"{x:g}"
+
+
+def write_scores(rows: list[Row], path: Path) -> None:
+    """``scores.csv``: one line per submission; the totals, then a column per exercise and per question."""
+    by_sub: dict[str, list[Row]] = {}
+    items: list[str] = []  # exercise ids first, then question ids, in order of appearance
+    for r in rows:
+        by_sub.setdefault(r.submission, []).append(r)
+    for r in rows:
+        if not r.is_question and r.exercise != "-" and r.exercise not in items:
+            items.append(r.exercise)
+    for r in rows:
+        if r.is_question and r.exercise not in items:
+            items.append(r.exercise)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=SCORE_FIELDS + items)
+        w.writeheader()
+        for sub, rs in by_sub.items():
+            line = {"student": rs[0].student, "submission": sub, "notebook": rs[0].notebook}
+            if rs[0].status in ("unreadable", "unmatched"):
+                w.writerow({**line, "status": rs[0].status})
+                continue
+            ex = [r for r in rs if not r.is_question]
+            qs = [r for r in rs if r.is_question]
+            line.update(status="graded", total=_g(sum(r.points for r in rs)), max_total=_g(sum(r.max_points for r in rs)),
+                        exercises=_g(sum(r.points for r in ex)), exercises_max=_g(sum(r.max_points for r in ex)),
+                        quiz=_g(sum(r.points for r in qs)), quiz_max=_g(sum(r.max_points for r in qs)))
+            line.update({r.exercise: _g(r.points) for r in rs})
+            w.writerow(line)
 
 
 def _safe(text: str) -> str:
@@ -65,11 +118,16 @@ def write_feedback(path: Path, root: Path, out_dir: Path, outcome: Outcome) -> N
     if outcome.graded is not None:
         nbformat.write(outcome.graded, dest / f"{stem}.graded.ipynb")
     lines = [f"{r0.submission} ({r0.notebook})"]
-    total = sum(r.points for r in outcome.rows)
-    most = sum(r.max_points for r in outcome.rows)
-    lines.append(f"score: {total:g} / {most:g}")
-    for r in outcome.rows:
+    exercises = [r for r in outcome.rows if not r.is_question]
+    quiz = [r for r in outcome.rows if r.is_question]
+    lines.append(f"score: {sum(r.points for r in exercises):g} / {sum(r.max_points for r in exercises):g}")
+    for r in exercises:
         lines.append(f"- {r.exercise}: {r.points:g}/{r.max_points:g} {r.status}" + (f" — {r.detail}" if r.detail else ""))
+    if quiz:
+        lines.append(f"quiz: {sum(r.points for r in quiz):g} / {sum(r.max_points for r in quiz):g} "
+                     "(your first answer to each question)")
+        for r in quiz:
+            lines.append(f"- {r.exercise}: {r.points:g}/{r.max_points:g} {r.status}" + (f" — {r.detail}" if r.detail else ""))
     lines += [f"  note: {n}" for n in outcome.notes]
     (dest / f"{stem}.feedback.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
@@ -79,14 +137,17 @@ def summary(rows: list[Row]) -> str:
     for r in rows:
         by_sub.setdefault(r.submission, []).append(r)
     width = max([len(s) for s in by_sub] + [10])
-    out = [f"{'submission':<{width}}  {'notebook':<16} {'score':>9}  exercises"]
+    out = [f"{'submission':<{width}}  {'notebook':<16} {'score':>9} {'quiz':>7}  exercises"]
     mark = {"pass": "✓", "partial": "½", "timeout": "⏱"}
     for sub, rs in by_sub.items():
         if rs[0].status in ("unreadable", "unmatched"):
-            out.append(f"{sub:<{width}}  {rs[0].notebook:<16} {'-':>9}  {rs[0].status}: {rs[0].detail[:80]}")
+            out.append(f"{sub:<{width}}  {rs[0].notebook:<16} {'-':>9} {'-':>7}  {rs[0].status}: {rs[0].detail[:80]}")
             continue
-        score = f"{sum(r.points for r in rs):g}/{sum(r.max_points for r in rs):g}"
+        ex = [r for r in rs if not r.is_question]
+        qs = [r for r in rs if r.is_question]
+        score = f"{sum(r.points for r in ex):g}/{sum(r.max_points for r in ex):g}"
+        quiz = f"{sum(r.points for r in qs):g}/{sum(r.max_points for r in qs):g}" if qs else "-"
         parts = [f"{r.exercise} {mark.get(r.status, '✗')}" + ("" if r.status == "pass" else f" ({r.status})")
-                 for r in rs]
-        out.append(f"{sub:<{width}}  {rs[0].notebook:<16} {score:>9}  " + ", ".join(parts))
+                 for r in ex]
+        out.append(f"{sub:<{width}}  {rs[0].notebook:<16} {score:>9} {quiz:>7}  " + ", ".join(parts))
     return "\n".join(out)

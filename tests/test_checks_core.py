@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from quizzes import check
-from quizzes.checks import CheckFailed, NotImplementedYet, compare, register, registry, show_mismatch
+from quizzes.checks import CheckFailed, NotImplementedYet, attempts, compare, register, registry, show_mismatch
 from quizzes.checks.core import _Difference
 
 
@@ -211,8 +211,8 @@ def test_register_a_toy_check_and_use_it_through_check(capsys):
         registry.pop("toy_double", None)
 
 
-def test_register_hint_is_shown_after_a_wrong_attempt_only():
-    @register(cases=1, name="toy_hinted", hint="y = 2·x: add x to itself")
+def test_register_hint_is_the_concept_shown_from_the_second_wrong_attempt():
+    @register(cases=1, name="toy_hinted", hint="doubling: every element counts twice")
     def _toy(case, fn):
         x = case.randn(3)
         case.compare(case.call(fn, x), 2 * x)
@@ -221,15 +221,18 @@ def test_register_hint_is_shown_after_a_wrong_attempt_only():
         raise NotImplementedError("double it")
 
     try:
-        wrong = failure(check.toy_hinted, lambda x: x)
-        assert "Hint: y = 2·x: add x to itself" in wrong
-        assert wrong.index("Hint:") < wrong.index("reproduce:")  # before the reproduce line
         with pytest.raises(NotImplementedYet) as info:
             check.toy_hinted(stub)
-        assert "Hint: double it" in str(info.value) and "2·x" not in str(info.value)
+        assert "Hint: double it" in str(info.value) and "every element" not in str(info.value)
+        first = failure(check.toy_hinted, lambda x: x)
+        assert "Concept:" not in first and "Diagnosis: yours is 1/2 of the reference" in first
+        wrong = failure(check.toy_hinted, lambda x: x)
+        assert "Concept: doubling: every element counts twice" in wrong
+        assert wrong.index("Concept:") < wrong.index("reproduce:")  # before the reproduce line
         check.toy_hinted(lambda x: x + x)  # a right answer prints no hint
     finally:
         registry.pop("toy_hinted", None)
+        attempts.pop("toy_hinted", None)
 
 
 def test_a_bug_in_the_check_itself_is_labelled_as_such():

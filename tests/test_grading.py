@@ -83,14 +83,15 @@ def graded(tmp_path_factory):
     code = grade.main([str(subs), "--release-dir", str(release_dir), "--out", str(out),
                        "--timeout", "10", "--setup-timeout", "240", "--jobs", "2"])
     assert code == 0
-    with open(out / "scores.csv", newline="", encoding="utf-8") as f:
+    with open(out / "details.csv", newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     table = {(r["student"], r["exercise"]): r for r in rows}
     return table, out
 
 
 def total(table, student):
-    return sum(float(r["points"]) for (s, _), r in table.items() if s == student)
+    """The student's exercise points (quiz questions are rows of their own, kind quiz/prediction)."""
+    return sum(float(r["points"]) for (s, _), r in table.items() if s == student and r["kind"] == "exercise")
 
 
 def test_untouched_notebook_scores_zero_without_crashing(graded):

@@ -82,7 +82,7 @@ def graded(tmp_path_factory):
         code = grade.main([str(subs), "--release-dir", str(release_dir), "--out", str(out),
                            "--timeout", "120", "--setup-timeout", "400", "--jobs", "2"])
     assert code == 0
-    with open(out / "scores.csv", newline="", encoding="utf-8") as f:
+    with open(out / "details.csv", newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     return {(r["student"], r["exercise"]): r for r in rows}, out
 

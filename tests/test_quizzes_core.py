@@ -144,6 +144,9 @@ def test_unknown_ids_are_clear():
     (Numeric("q1", "?", answer=1, unit="parsec"), "unknown unit"),
     (Numeric("q1", "?", answer=lambda m: m["bw"], needs=("bw",)), "example_measured"),
     (Choice("q1", "?", options=[Option("a"), Option("b")]), "at least one correct"),
+    (Numeric("q1", "?", answer=1, predict=True), "a prediction .predict=True. is marked against a measurement"),
+    (Numeric("q1", "?", answer=lambda m: m["t"], needs=("t",), example_measured={"t": 1.0}, rtol=0.5, predict=True),
+     "rtol <= 0.2"),
     (Choice("q1", "?", options=[Option("a", correct=True), Option("A")]), "same text"),
     ("q1", "Numeric and Choice"),
 ])
@@ -183,7 +186,7 @@ def test_widget_feedback_classes_and_explanation_reveal():
     from quizzes import ui
 
     box, items = ui.build("demo")
-    assert [it.qid for it in items] == ["demo.q1", "demo.q2", "demo.q3"]
+    assert [it.qid for it in items] == ["demo.q1", "demo.q2", "demo.q3", "demo.q4"]
     q1 = items[0]
     assert {"quiz-question", "quiz-q-demo-q1"} <= set(q1.box._dom_classes)
     assert "quiz-input" in q1.input._dom_classes and q1.button.description == "Check"

@@ -1,8 +1,9 @@
 """Demo bank for the machinery's tests (tests/fixtures/00-demo.ipynb). Not a lab.
 
-Shows the three kinds of question a lab bank uses: a numeric answer from a formula,
-a numeric answer from a measurement taken on the student's machine, and a multiple
-choice with an explanation per option.
+Shows the four kinds of question a lab bank uses: a numeric answer from a formula,
+a numeric answer from a measurement taken on the student's machine, a multiple
+choice with an explanation per option, and a prediction (asked with ``quizzes.predict``
+in the cell before the measurement, marked against it).
 """
 
 from quizzes.questions import Choice, Numeric, Option
@@ -49,5 +50,18 @@ QUESTIONS = [
             Option("Python is slow", why="Interpreter overhead is real but small next to reading every weight per token."),
         ],
         explanation="Arithmetic intensity ≈ 1 FLOP/byte, while the hardware ridge is ~150-300 FLOP/byte.",
+    ),
+    Numeric(
+        "q4",
+        "Predict, from the copy bandwidth you measured above, how long one copy of a buffer of 2²³ "
+        "float32 values (32 MiB read and 32 MiB written) takes. The next cell measures it; your "
+        "prediction is right within 20%.",
+        answer=lambda m: m["copy_big_ms"],
+        unit="ms",
+        rtol=0.2,
+        needs=("copy_big_ms",),
+        example_measured={"copy_big_ms": 2.5},
+        predict=True,
+        explanation="A copy reads and writes every byte once: time ≈ 2 × bytes ÷ bandwidth.",
     ),
 ]

@@ -4,7 +4,8 @@ Each lab's checks live in their own module here (``lab02.py``, ...) or, when the
 long, in a subpackage (``lab03/``), registered with ``@register``; they appear as
 attributes of this package the first time any check is looked up (every module and
 subpackage except the framework's own, ``core.INFRA_MODULES``, is imported then).
-Nothing else needs editing to add a lab's checks. ``generic`` holds checks that any lab
+Nothing else needs editing to add a lab's checks. ``register(nudge=..., concept=...)`` sets a
+check's hint ladder (see ``core``); ``attempts`` counts the wrong attempts per check. ``generic`` holds checks that any lab
 may use (softmax, matvec, greedy_pick) and that the machinery's own tests exercise.
 """
 
@@ -14,10 +15,10 @@ import importlib
 import pkgutil
 
 from .core import INFRA_MODULES as _INFRA
-from .core import Case, CheckFailed, NotImplementedYet, compare, describe, register, registry
+from .core import Case, CheckFailed, NotImplementedYet, attempts, compare, describe, register, registry
 from .mismatch import show_mismatch
 
-__all__ = ["Case", "CheckFailed", "NotImplementedYet", "compare", "describe", "register", "registry",
+__all__ = ["Case", "CheckFailed", "NotImplementedYet", "attempts", "compare", "describe", "register", "registry",
            "show_mismatch", "available"]
 
 _load_errors: dict[str, str] = {}  # file or folder -> the error that stopped its import

@@ -9,7 +9,12 @@ type (tensor, array, number, list, dict), the shape (with a hint when the sizes 
 permuted or reshaped), the dtype, the device, then the values (integers exactly, floats
 within ``atol + rtol·|reference|``, NaN only where the reference has NaN).
 
-Imports ``values`` and ``mismatch`` only; ``core`` imports this module, never the reverse.
+A value difference also carries ``diagnosis`` (see ``diagnosis.diagnose``: a flipped sign,
+a unit slip, a constant factor or offset, a transpose), which the runner in ``core`` shows
+as the first rung of the hint ladder; it is not part of the message.
+
+Imports ``values``, ``mismatch`` and ``diagnosis`` only; ``core`` imports this module, never
+the reverse.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .diagnosis import diagnose, diagnose_shape
 from .mismatch import show_mismatch
 from .values import _as_numpy, _fmt, _index, _is_tensor, describe
 
@@ -25,7 +31,15 @@ __all__ = ["compare"]
 
 
 class _Difference(Exception):
-    """Raised inside a case by compare/expect; the runner adds the case header."""
+    """Raised inside a case by compare/expect; the runner adds the case header.
+    ``diagnosis``: what kind of difference it is, when ``compare`` could tell ("" otherwise)."""
+
+    diagnosis = ""
+
+    def __init__(self, message: str, diagnosis: str = ""):
+        super().__init__(message)
+        if diagnosis:
+            self.diagnosis = diagnosis
 
 
 def _shape_hint(got: tuple[int, ...], want: tuple[int, ...]) -> str:
@@ -78,7 +92,8 @@ def compare(yours: Any, reference: Any, what: str = "output", *, atol: float = 1
         raise _Difference(f"{what}: expected a {want_kind}, got {describe(yours)}.")
     got_shape, want_shape = tuple(yours.shape), tuple(reference.shape)
     if got_shape != want_shape:
-        raise _Difference(f"{what} shape: expected {want_shape}, got {got_shape}.{_shape_hint(got_shape, want_shape)}")
+        raise _Difference(f"{what} shape: expected {want_shape}, got {got_shape}.{_shape_hint(got_shape, want_shape)}",
+                          diagnose_shape(yours, reference))
     if check_dtype and yours.dtype != reference.dtype:
         raise _Difference(f"{what} dtype: expected {str(reference.dtype).replace('torch.', '')}, "
                           f"got {str(yours.dtype).replace('torch.', '')}. Convert with .to(...) or keep the input's dtype.")
@@ -110,7 +125,7 @@ def compare(yours: Any, reference: Any, what: str = "output", *, atol: float = 1
         lines.append(f"  {tolerance}")
     if show:
         lines.append(show_mismatch(yours, reference, atol=atol, rtol=rtol).text())
-    raise _Difference("\n".join(lines))
+    raise _Difference("\n".join(lines), diagnose(yours, reference))
 
 
 def _compare_scalar(yours: Any, reference: Any, what: str, atol: float, rtol: float) -> None:
@@ -126,8 +141,9 @@ def _compare_scalar(yours: Any, reference: Any, what: str, atol: float, rtol: fl
         raise _Difference(f"{what}: expected a number, got {describe(yours)}.")
     if isinstance(reference, (int, np.integer)) and not isinstance(reference, bool):
         if yours != reference:
-            raise _Difference(f"{what}: expected {reference}, got {_fmt(yours)}.")
+            raise _Difference(f"{what}: expected {reference}, got {_fmt(yours)}.", diagnose(yours, reference))
         return
     if not np.isclose(float(yours), float(reference), rtol=rtol, atol=atol, equal_nan=True):
         raise _Difference(f"{what}: expected {_fmt(reference)}, got {_fmt(yours)} "
-                          f"(error {abs(float(yours) - float(reference)):.3g}; allowed {atol:g} + {rtol:g}·|reference|).")
+                          f"(error {abs(float(yours) - float(reference)):.3g}; allowed {atol:g} + {rtol:g}·|reference|).",
+                          diagnose(yours, reference))

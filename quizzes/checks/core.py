@@ -17,6 +17,14 @@ Outcomes:
   it). In IPython/Jupyter it renders as the message alone, without a traceback.
   A stub that still raises NotImplementedError raises ``NotImplementedYet``.
 
+The hint ladder: wrong attempts are counted per check name in this kernel session
+(``attempts``). Every wrong attempt shows what is different plus, when the check can see
+one, ``Diagnosis:`` the kind of slip (a flipped sign, a unit slip, a named constant factor,
+a constant offset or a term equal to an input, a transpose; ``diagnosis.py``) and
+``Hint:`` the check's ``nudge``; the second and later wrong attempts add ``Concept:`` its
+``concept`` (the idea, never the formula). A stub's own ``# HINT:`` line is shown while it
+is unimplemented; that is not an attempt.
+
 Invariants:
 - Inputs are fresh on every call (a new base seed, printed on failure; pass
   ``seed=`` to reproduce) and never all zeros (``randn`` draws are nonzero).
@@ -44,6 +52,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .comparison import _Difference, compare
+from .diagnosis import diagnose
 from .values import describe
 
 __all__ = [
@@ -52,6 +61,7 @@ __all__ = [
     "Case",
     "register",
     "registry",
+    "attempts",
     "compare",
     "describe",
 ]
@@ -102,6 +112,7 @@ class Case:
         self.rng = np.random.default_rng(seed)
         self._gen = None
         self.inputs: list[str] = []  # descriptions of the last call's arguments
+        self.arguments: list[tuple[str, Any]] = []  # the last call's arguments by name (the originals)
 
     # random inputs ------------------------------------------------------------
     @property
@@ -146,7 +157,8 @@ class Case:
             raise _Difference(
                 f"expected a function, got {describe(fn)}. Pass the function itself, "
                 f"e.g. check.{self.check}(my_fn), not my_fn(...).")
-        self.inputs = _describe_args(fn, args, kwargs)
+        self.arguments = _bound_args(fn, args, kwargs)
+        self.inputs = [f"{k}: {describe(v)}" for k, v in self.arguments]
         if copy_args:
             args, kwargs = copy.deepcopy(args), copy.deepcopy(kwargs)
         try:
@@ -163,7 +175,14 @@ class Case:
             raise _Difference(msg) from None
 
     def compare(self, yours: Any, reference: Any, what: str = "output", **kw: Any) -> None:
-        compare(yours, reference, what, **kw)
+        try:
+            compare(yours, reference, what, **kw)
+        except _Difference as diff:
+            if not diff.diagnosis:  # a difference equal to one of the inputs: a missing or extra term
+                found = diagnose(yours, reference, self.arguments)
+                if found:
+                    diff.diagnosis = found
+            raise
 
     def expect(self, condition: bool, message: str) -> None:
         """Fail with ``message`` (which should say what is wrong and what to do) unless condition."""
@@ -171,14 +190,11 @@ class Case:
             raise _Difference(message)
 
 
-def _describe_args(fn: Callable, args: tuple, kwargs: dict) -> list[str]:
-    names: list[str]
+def _bound_args(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
     try:
-        bound = inspect.signature(fn).bind_partial(*args, **kwargs)
-        return [f"{k}: {describe(v)}" for k, v in bound.arguments.items()]
+        return list(inspect.signature(fn).bind_partial(*args, **kwargs).arguments.items())
     except (TypeError, ValueError):
-        names = [f"arg{i}" for i in range(len(args))]
-        return [f"{n}: {describe(v)}" for n, v in zip(names, args)] + [f"{k}: {describe(v)}" for k, v in kwargs.items()]
+        return [(f"arg{i}", v) for i, v in enumerate(args)] + list(kwargs.items())
 
 
 def _not_implemented_message(check: str, exc: BaseException) -> str:
@@ -192,22 +208,46 @@ def _not_implemented_message(check: str, exc: BaseException) -> str:
 # ----------------------------------------------------------------- registration
 
 registry: dict[str, Callable[..., None]] = {}
+#: Wrong attempts per check name in this kernel session (the hint ladder's counter).
+attempts: dict[str, int] = {}
 #: The framework's own modules: the package never loads them as a lab's checks, and a
 #: check may not take their names (they are attributes of ``quizzes.checks``).
-INFRA_MODULES = frozenset({"core", "comparison", "mismatch", "values"})
+INFRA_MODULES = frozenset({"core", "comparison", "mismatch", "values", "diagnosis"})
 _RESERVED = {"register", "registry", "compare", "describe", "show_mismatch", "Case", "CheckFailed",
-             "NotImplementedYet", "available"} | INFRA_MODULES
+             "NotImplementedYet", "available", "attempts"} | INFRA_MODULES
+
+
+def _ladder(check_name: str, diagnosis: str, nudge: str, concept: str) -> str:
+    """The hint lines under a wrong attempt (counted here): diagnosis and nudge, then the concept."""
+    attempts[check_name] = attempts.get(check_name, 0) + 1
+    lines = []
+    if diagnosis:
+        lines.append(f"\n  Diagnosis: {diagnosis}")
+    if nudge:
+        lines.append(f"\n  Hint: {nudge}")
+    if concept and attempts[check_name] >= 2:
+        lines.append(f"\n  Concept: {concept}")
+    elif concept:
+        lines.append("\n  (Wrong again? The next failure adds the concept behind this exercise.)")
+    return "".join(lines)
 
 
 def register(fn: Callable | None = None, *, cases: int = 3, name: str | None = None,
-             success: str = "matches the reference on {n} random cases", hint: str = "") -> Any:
+             success: str = "matches the reference on {n} random cases", hint: str = "", nudge: str = "",
+             concept: str = "") -> Any:
     """Register ``fn(case, *student_objects)`` as ``check.<name>``. Usable bare or with arguments.
 
-    ``hint``: the formula or method, shown as "Hint: ..." only under a wrong attempt's
-    failure message (not for a stub that is still unimplemented, whose own ``# HINT:``
-    line is the nudge). Keep the exercise stub's ``# HINT:`` to where to start, and put
-    the worked formula here, so the student meets it after trying.
+    The hint ladder (shown under a wrong attempt's failure, never under an unimplemented stub,
+    whose own ``# HINT:`` line says where to start):
+    ``nudge``: from the first wrong attempt on, "Hint: ...": what to look at (which quantity,
+    which dimension, which unit), not how to compute it.
+    ``concept``: from the second wrong attempt on, "Concept: ...": the idea behind the
+    exercise. Neither may contain the formula or a line of the solution (tests/test_hints.py).
+    ``hint``: the old name of ``concept`` (still accepted).
     """
+    if hint and concept:
+        raise ValueError("give concept= (hint= is its old name), not both")
+    concept = concept or hint
 
     def wrap(body: Callable) -> Callable[..., None]:
         check_name = name or body.__name__
@@ -233,7 +273,7 @@ def register(fn: Callable | None = None, *, cases: int = 3, name: str | None = N
                     body_text = str(diff)
                     inputs = f"\n  inputs: {', '.join(case.inputs)}" if case.inputs else ""
                     tail = f"\n  reproduce: check.{check_name}(..., seed={case.seed}, cases=1)"
-                    after = f"\n  Hint: {hint}" if hint else ""
+                    after = _ladder(check_name, diff.diagnosis, nudge, concept)
                     raise CheckFailed(f"{head}: {body_text}{inputs}{after}{tail}") from None
                 except CheckFailed:
                     raise
@@ -246,6 +286,7 @@ def register(fn: Callable | None = None, *, cases: int = 3, name: str | None = N
         run.__doc__ = (body.__doc__ or f"Check {check_name}.") + (
             f"\n\nUsage: check.{check_name}(your_function). Runs {cases} random cases; "
             "pass seed=N to reproduce a failure.")
+        run.nudge, run.concept = nudge, concept  # read by tests/test_hints.py
         registry[check_name] = run
         return run
 
