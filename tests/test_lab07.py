@@ -257,13 +257,18 @@ def test_stubs_and_feedback_do_not_give_the_rules_away():
 
 
 def test_expected_tokens_by_position_is_the_formula_with_one_alpha_each():
-    """1 + α₁ + α₁α₂ + …: equal α gives calc.spec_expected_tokens; rising α (runs) gives more
-    at the same average; an unreached position (NaN in the trace) counts as 0."""
+    """1 + α₁ + α₁α₂ + …: equal α gives calc.spec_expected_tokens; acceptances in runs are
+    counted right where one α is not; an unreached position (NaN in the trace) counts as 0."""
     assert calc.spec_expected_tokens_by_position([0.7] * 5) == pytest.approx(calc.spec_expected_tokens(0.7, 5))
     assert calc.spec_expected_tokens_by_position([0.5, 1.0, 1.0]) == pytest.approx(1 + 0.5 * 3)
     assert calc.spec_expected_tokens_by_position([]) == 1.0
-    assert (calc.spec_expected_tokens_by_position([0.6, 0.9, 1.0])
-            > calc.spec_expected_tokens(sum([0.6, 0.9, 1.0]) / 3, 3))
+    # all-or-nothing passes (runs): one pass keeps all 4 guesses, the other none. The single α,
+    # 4 of 8 = 0.5, gives 1.94 tokens per pass; by position (1/2, 1, 1, 1) gives the true 3.
+    runs = spec_runs.SpecTrace(10, 4, [spec_runs.PassRecord([1, 2, 3, 4], 4, [1, 2, 3, 4, 5]),
+                                       spec_runs.PassRecord([6, 7, 8, 9], 0, [5])], [1, 2, 3, 4, 5, 5], 0.0)
+    assert runs.acceptance_rate == 0.5 and runs.tokens_per_pass == 3
+    assert runs.expected_tokens_by_position() == pytest.approx(3)
+    assert calc.spec_expected_tokens(runs.acceptance_rate, 4) == pytest.approx(1.9375)
     with pytest.raises(ValueError, match=r"alphas\[1\] must be a probability"):
         calc.spec_expected_tokens_by_position([0.5, 1.5])
     trace = spec_runs.SpecTrace(10, 3, [spec_runs.PassRecord([1, 2], 2, [1, 2, 3]),
@@ -335,7 +340,7 @@ def test_costs_and_timings_on_the_tiny_model(tiny):
     run = spec_runs.measure_speedup(tiny, spec.NgramDraft, prompt, (1, 2), 8, repeats=1)
     assert [r.k for r in run.rows] == [1, 2] and run.num_tokens == 8
     for row in run.rows:
-        assert row.speedup == pytest.approx(run.plain_decode_s / row.decode_s)
+        assert row.speedup == pytest.approx(run.plain_decode_s / row.decode_s)  # one repeat: one ratio
         assert row.predicted == pytest.approx(calc.spec_speedup(row.alpha, row.k, row.r, row.c))
     assert run.row(2).k == 2
     trace = spec_runs.trace_speculation(tiny, spec.NgramDraft(), prompt, 8, k=2)

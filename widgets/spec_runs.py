@@ -11,10 +11,10 @@ engine's decode step grows with the batch. The figures are in ``widgets.speculat
     engine_step_times(model, (1, 2, 4, 8))    # LLMEngine's decode step at each batch size
     run_with_verify_step(verify_step, model, draft, prompt_ids, 32, k)   # Lab 07's exercise
 
-Timing: a whole run (plain or speculative decoding) is the fastest of a few interleaved
-repeats (other programs sharing the cores only ever add time), with each prompt's prefill
-timed apart and subtracted, so a speedup is that of the decode phase, as in
-``benchmarks/spec.py``. A single pass (``verify_costs``) is short enough for one busy moment
+Timing: plain and speculative decoding are timed back to back in each of a few repeats,
+with each prompt's prefill timed apart and subtracted, so a speedup is that of the decode
+phase, as in ``benchmarks/spec.py``; a speedup is the median of the repeats' ratios, so a
+busy spell on a shared machine slows both sides of a ratio instead of one. A single pass (``verify_costs``) is short enough for one busy moment
 to double it, so passes are warmed up, interleaved across sizes, and the median is kept;
 the decode step that c divides by is a one-token pass timed the same way, so c(k) >= 1
 whenever more rows cost anything.
@@ -229,8 +229,8 @@ def verify_costs(model, context_ids, ks=(1, 2, 4, 8), repeats: int = 7) -> Verif
 @dataclasses.dataclass
 class SpeedupRow:
     k: int
-    decode_s: float        # speculative decode seconds (prefill subtracted)
-    speedup: float         # plain decode seconds ÷ decode_s
+    decode_s: float        # speculative decode seconds (prefill subtracted; median)
+    speedup: float         # plain ÷ speculative decode seconds, median over paired repeats
     alpha: float
     tokens_per_pass: float
     guesses_per_pass: float
@@ -256,16 +256,22 @@ class SpeedupRun:
 
 @torch.inference_mode()
 def measure_speedup(model, make_draft, prompt_ids, ks, max_new_tokens: int = 32,
-                    repeats: int = 3) -> SpeedupRun:
-    """Plain greedy decoding against ``speculative_generate`` with ``make_draft()`` at each k,
-    repeats interleaved, the fastest of each kept; prefill (timed apart) subtracted."""
+                    repeats: int = 5) -> SpeedupRun:
+    """Plain greedy decoding against ``speculative_generate`` with ``make_draft()`` at each k.
+
+    Each repeat times the prompt's prefill, plain decoding and every k back to back, and the
+    prefill is subtracted from each run. A speedup is the median over the repeats of plain ÷
+    speculative within the same repeat: runs a few seconds apart share the machine's load,
+    so a busy spell slows both sides of a ratio instead of one. Times are the medians."""
     ids = list(prompt_ids)
     ref = generate(model, ids, max_new_tokens)
-    prefill = plain = float("inf")
-    best = {k: (float("inf"), None, 0.0) for k in ks}  # k -> (seconds, output, draft seconds)
+    prefills, plains = [], []
+    spec_s = {k: [] for k in ks}
+    kept = {}  # k -> (output, draft seconds) of the last repeat: the same tokens every time
     for _ in range(repeats):
         pre, seconds, _ = _plain_decode_s(model, ids, max_new_tokens)
-        prefill, plain = min(prefill, pre), min(plain, seconds)
+        prefills.append(pre)
+        plains.append(max(seconds - pre, 1e-9))
         for k in ks:
             draft = TracedDraft(make_draft())
             t0 = _clock(model)
@@ -273,20 +279,22 @@ def measure_speedup(model, make_draft, prompt_ids, ks, max_new_tokens: int = 32,
             seconds = _clock(model) - t0
             if out.tokens != ref:
                 raise AssertionError(f"k={k}: speculative decoding changed the text")
-            if seconds < best[k][0]:
-                best[k] = (seconds, out, draft.seconds)
-    plain_decode = max(plain - prefill, 1e-9)
+            spec_s[k].append(max(seconds - pre, 1e-9))
+            kept[k] = (out, draft.seconds)
+    plain_decode = float(np.median(plains))
     step = plain_decode / len(ref)
     rows = []
-    for k, (seconds, out, draft_s) in best.items():
-        decode = max(seconds - prefill, 1e-9)
+    for k in ks:
+        out, draft_s = kept[k]
+        decode = float(np.median(spec_s[k]))
+        speedup = float(np.median([p / d for p, d in zip(plains, spec_s[k])]))
         passes, guesses = out.num_target_passes, out.num_draft_tokens
         r = draft_s / guesses / step if guesses else 0.0
         c = (decode - draft_s) / passes / step
-        rows.append(SpeedupRow(k, decode, plain_decode / decode, out.acceptance_rate,
+        rows.append(SpeedupRow(k, decode, speedup, out.acceptance_rate,
                                len(out.tokens) / passes, guesses / passes, r, c,
                                calc.spec_speedup(out.acceptance_rate, k, r, verify_cost=c)))
-    return SpeedupRun(len(ref), plain_decode, prefill, rows)
+    return SpeedupRun(len(ref), plain_decode, float(np.median(prefills)), rows)
 
 
 def prediction_report(run: SpeedupRun, trace: SpecTrace, c: float, r: float,

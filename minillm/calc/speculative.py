@@ -30,8 +30,10 @@ def spec_expected_tokens_by_position(alphas) -> float:
     given that guesses 1..j−1 were kept: ``1 + α₁ + α₁α₂ + … + α₁⋯α_k`` (k = len(alphas)).
 
     With every αⱼ = α it is ``spec_expected_tokens(α, k)``. A draft whose acceptances come
-    in runs (prompt lookup: once it copies a span, it keeps copying) has αⱼ rising with j,
-    and more tokens per pass than the single-α formula gives at the same average α.
+    in runs (prompt lookup: once it copies a span, it keeps copying) has αⱼ rising with j;
+    one α (accepted ÷ guessed) then misstates the tokens per pass, and this does not: passes
+    that keep all k guesses or none, half of each, measure α = 0.5 (1.94 tokens per pass at
+    k = 4 by the single-α formula) but yield 3, which αⱼ = (0.5, 1, 1, 1) gives.
     """
     total, reach = 1.0, 1.0
     for j, a in enumerate(alphas, 1):

@@ -85,7 +85,8 @@ QUESTIONS = [
                   "draft position in section 5 (α₁ … α₄, each given the earlier guesses kept): E = 1 + "
                   "α₁ + α₁α₂ + α₁α₂α₃ + α₁α₂α₃α₄ (calc.spec_expected_tokens_by_position). Marked "
                   "against the speedup the lab then measures, within 20%.",
-            answer=lambda m: m["spec_speedup_k4"], unit="x", rtol=0.2, needs=("spec_speedup_k4",),
+            answer=lambda m: m["spec_speedup_k4"], unit="x", rtol=0.2, predict=True,
+            needs=("spec_speedup_k4",),
             example_measured={"spec_speedup_k4": 2.2},
             explanation="A pass yields E tokens for c + 4·r plain steps. The single-α formula (1 − α⁵) ÷ "
                         "(1 − α) assumes independent acceptances; a copying draft's acceptances come in "
@@ -116,7 +117,8 @@ QUESTIONS = [
                    "after the editing prompt. Predict the speed of plain greedy decoding (tok/s, decode "
                    "only) that section 6 times next to the speculative runs, before it runs. Marked "
                    "against that measurement, within 20%.",
-            answer=lambda m: m["plain_tok_s"], unit="tok/s", rtol=0.2, needs=("plain_tok_s",),
+            answer=lambda m: m["plain_tok_s"], unit="tok/s", rtol=0.2, predict=True,
+            needs=("plain_tok_s",),
             example_measured={"plain_tok_s": 21.0},
             explanation="One token per step: 1 ÷ step time, e.g. 1 ÷ 45 ms = 22 tok/s. It is the "
                         "denominator of every speedup in this lab; the speculative runs are measured "

@@ -146,7 +146,7 @@ QUESTIONS = [
                    "its token count, SmolLM2's size and the dtype (float32). It is marked against the "
                    "ledger, within 20%.",
             answer=lambda m: m["tp_prefill_allreduce_bytes"] / 1e6, unit="MB", rtol=0.2,
-            needs=("tp_prefill_allreduce_bytes",),
+            predict=True, needs=("tp_prefill_allreduce_bytes",),
             example_measured={"tp_prefill_allreduce_bytes": 4.05e6},
             explanation="Two all-reduces per layer, each tokens × 576 × 4 B, over 30 layers, plus one "
                         "for the vocab-parallel embedding: (2 × 30 + 1) × tokens × 576 × 4 B "
@@ -197,7 +197,7 @@ QUESTIONS = [
                    "splits. It is marked against the bytes the rank counts in its own process, within "
                    "20%.",
             answer=lambda m: m["tp_rank0_param_bytes"] / 1e6, unit="MB", rtol=0.2,
-            needs=("tp_rank0_param_bytes",),
+            predict=True, needs=("tp_rank0_param_bytes",),
             example_measured={"tp_rank0_param_bytes": 179.4e6},
             explanation="Every matrix and the vocab-parallel embedding are split three ways; only the "
                         "RMSNorm weights (a few hundred KB) are copied to every rank. So about a third "
