@@ -12,8 +12,8 @@ engine's decode step grows with the batch. The figures are in ``widgets.speculat
     run_with_verify_step(verify_step, model, draft, prompt_ids, 32, k)   # Lab 07's exercise
 
 Timing: plain and speculative decoding are timed back to back in each of a few repeats,
-with each prompt's prefill timed apart and subtracted, so a speedup is that of the decode
-phase, as in ``benchmarks/spec.py``; a speedup is the median of the repeats' ratios, so a
+each run from the end of its own prefill to its last token, so a speedup is that of the
+decode phase; a speedup is the median of the repeats' ratios, so a
 busy spell on a shared machine slows both sides of a ratio instead of one. A single pass (``verify_costs``) is short enough for one busy moment
 to double it, so passes are warmed up, interleaved across sizes, and the median is kept;
 the decode step that c divides by is a one-token pass timed the same way, so c(k) >= 1
@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from minillm import KVCache, LLMEngine, SamplingParams, calc, devices, generate
+from minillm.generate import generate_stream
 from minillm.spec import speculative_generate
 from minillm.spec.drafts import cached_logits
 
@@ -51,15 +52,18 @@ def _clock(model) -> float:
 class TracedDraft:
     """Wraps a draft: records each proposal and the seconds spent proposing."""
 
-    def __init__(self, draft):
+    def __init__(self, draft, clock=time.perf_counter):
         self.draft, self.proposals, self.seconds = draft, [], 0.0
         self.vocab_size = getattr(draft, "vocab_size", None)
+        self.clock, self.started = clock, None  # started: the first proposal, after the prefill
 
     def reset(self, max_len, temperature, generator) -> None:
-        self.proposals, self.seconds = [], 0.0
+        self.proposals, self.seconds, self.started = [], 0.0, None
         self.draft.reset(max_len, temperature, generator)
 
     def propose(self, context_ids, k):
+        if self.started is None:
+            self.started = self.clock()
         t0 = time.perf_counter()
         tokens, probs = self.draft.propose(context_ids, k)
         self.seconds += time.perf_counter() - t0
@@ -192,13 +196,14 @@ class VerifyCost:
 
 
 def _plain_decode_s(model, ids, max_new_tokens):
-    """(prefill seconds, plain decode seconds, tokens) of one minillm.generate call."""
+    """(prefill seconds, decode seconds, tokens) of one plain greedy run: the decode is timed
+    from the first token (the prefill's) to the last, in the same run as its prefill."""
     t0 = _clock(model)
-    model(torch.tensor([ids], device=model.device), last_only=True)
-    prefill = _clock(model) - t0
-    t0 = _clock(model)
-    out = generate(model, ids, max_new_tokens)
-    return prefill, _clock(model) - t0, out
+    stream = generate_stream(model, ids, max_new_tokens)
+    out = [next(stream)]
+    t1 = _clock(model)
+    out += list(stream)
+    return t1 - t0, _clock(model) - t1, out
 
 
 @torch.inference_mode()
@@ -259,10 +264,12 @@ def measure_speedup(model, make_draft, prompt_ids, ks, max_new_tokens: int = 32,
                     repeats: int = 5) -> SpeedupRun:
     """Plain greedy decoding against ``speculative_generate`` with ``make_draft()`` at each k.
 
-    Each repeat times the prompt's prefill, plain decoding and every k back to back, and the
-    prefill is subtracted from each run. A speedup is the median over the repeats of plain ÷
-    speculative within the same repeat: runs a few seconds apart share the machine's load,
-    so a busy spell slows both sides of a ratio instead of one. Times are the medians."""
+    Each repeat times plain decoding and every k back to back, each run from the end of its
+    own prefill (plain: its first token; speculative: the draft's first proposal) to its last
+    token, so no prefill timed elsewhere is subtracted. A speedup is the median over the
+    repeats of plain ÷ speculative within the same repeat: runs a few seconds apart share the
+    machine's load, so a busy spell slows both sides of a ratio instead of one. Times are the
+    medians."""
     ids = list(prompt_ids)
     ref = generate(model, ids, max_new_tokens)
     prefills, plains = [], []
@@ -271,15 +278,14 @@ def measure_speedup(model, make_draft, prompt_ids, ks, max_new_tokens: int = 32,
     for _ in range(repeats):
         pre, seconds, _ = _plain_decode_s(model, ids, max_new_tokens)
         prefills.append(pre)
-        plains.append(max(seconds - pre, 1e-9))
+        plains.append(max(seconds, 1e-9))
         for k in ks:
-            draft = TracedDraft(make_draft())
-            t0 = _clock(model)
+            draft = TracedDraft(make_draft(), clock=lambda: _clock(model))
             out = speculative_generate(model, draft, ids, max_new_tokens, k=k)
-            seconds = _clock(model) - t0
+            end = _clock(model)
             if out.tokens != ref:
                 raise AssertionError(f"k={k}: speculative decoding changed the text")
-            spec_s[k].append(max(seconds - pre, 1e-9))
+            spec_s[k].append(max(end - draft.started, 1e-9))
             kept[k] = (out, draft.seconds)
     plain_decode = float(np.median(plains))
     step = plain_decode / len(ref)
