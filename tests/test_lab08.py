@@ -133,7 +133,7 @@ def test_shard_qkv_accepts_the_reference(seed, capsys):
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("fn, words", [
-    (kv_by_modulo, "(rank % KV)"),
+    (kv_by_modulo, "you gave it KV head"),
     (lambda w, H, KV, hd, tp, rank: (reference_shard_qkv(w, H, KV, hd, tp, rank), w.chunk(tp)[rank])[1],
      "three stacked ones"),
     (lambda w, H, KV, hd, tp, rank: reference_shard_qkv(w, H, KV, hd, tp, rank)[:H // tp * hd],
@@ -362,16 +362,20 @@ def test_view_redraws_on_every_control():
 def test_bank_numbers_are_the_books():
     """(tests/test_quizzes_core.py checks that every question accepts its own answer.)"""
     assert len(load_bank("lab08").questions) >= 12
-    assert expected("lab08.q1") == 2
+    assert expected("lab08.q1") == 65                                   # 2 × 32 + 1
     assert expected("lab08.q2") == pytest.approx(112)
-    assert expected("lab08.q3") == pytest.approx(0.261, abs=0.001)
-    assert expected("lab08.q4") == pytest.approx(3.67, abs=0.01)
-    assert expected("lab08.q6") == pytest.approx(300 / 11)
-    assert expected("lab08.q7") == pytest.approx(75)
-    assert expected("lab08.q8") == pytest.approx(17.5)
-    assert expected("lab08.q10") == 3
-    assert not answer("lab08.q3", "0.13 ms").correct  # the 900 GB/s bidirectional figure
-    assert not answer("lab08.q6", "37.5%").correct     # (P − 1) / M
+    assert expected("lab08.q3") == pytest.approx(1.5 * 2048 * 5120 * 2 / 450e9 * 1e3)  # 0.070 ms
+    assert expected("lab08.q4") == pytest.approx(0.983, abs=0.001)
+    assert expected("lab08.q6") == pytest.approx(25)
+    assert expected("lab08.q7") == pytest.approx(87.5)
+    assert expected("lab08.q8") == pytest.approx(50.625)
+    assert expected("lab08.q10") == 4
+    assert expected("lab08.q15") == pytest.approx(56 * 3 * 6144 * 16384 * 2 / 1e9)  # 33.8 GB
+    assert expected("lab08.q16") == pytest.approx(2 * 2 * 0.75 * 6144 * 2 / 1e3)   # 36.9 KB
+    assert not answer("lab08.q3", "0.035 ms").correct  # the 900 GB/s bidirectional figure
+    assert not answer("lab08.q6", "33%").correct       # (P − 1) / M
+    assert not answer("lab08.q15", "270 GB").correct   # every expert on every GPU
+    assert not answer("lab08.q16", "49.2 KB").correct  # every expert counted as remote
 
 
 def test_measured_question_marks_a_wild_prediction_wrong():
@@ -385,6 +389,16 @@ def test_measured_question_marks_a_wild_prediction_wrong():
                   f"{ledger * 2:.0f} B",              # fp32 counted as 8 bytes
                   f"{37 * 576 * 4:.0f} B"):           # one all-reduce only
         assert not answer("lab08.q12", wrong, m).correct, wrong
+
+
+def test_rank_memory_prediction_marks_a_wild_one_wrong():
+    from minillm import ModelConfig
+
+    measured = calc.tp_param_bytes_per_rank(ModelConfig.smollm2_135m(), 3, 4)
+    m = {"tp_rank0_param_bytes": measured}
+    assert answer("lab08.q17", "179 MB", m).correct           # a third of 538 MB
+    for wrong in ("538 MB", "60 MB", "359 MB"):  # nothing split, split 9 ways, fp32 counted as 8 B
+        assert not answer("lab08.q17", wrong, m).correct, wrong
 
 
 def test_measured_pipeline_reads_dist_pipeline_events():

@@ -5,14 +5,19 @@ engine's decode step grows with the batch. The figures are in ``widgets.speculat
     trace = trace_speculation(model, NgramDraft(), prompt_ids, 32, k=4)  # every pass recorded
     trace_html(trace, tokenizer)              # the text, accepted guesses in green
     trace.position_stats()                    # acceptance at draft positions 1..k
-    verify_costs(model, prompt_ids, ks)       # c(k) = one pass over k + 1 tokens ÷ one step
+    verify_costs(model, prompt_ids, ks)       # c(k) = a pass over k + 1 tokens ÷ over 1 token
     measure_speedup(model, NgramDraft, prompt_ids, ks, 32)  # plain against speculative
+    prediction_report(run, trace, c, r)       # the measured speedup against the predictions
     engine_step_times(model, (1, 2, 4, 8))    # LLMEngine's decode step at each batch size
     run_with_verify_step(verify_step, model, draft, prompt_ids, 32, k)   # Lab 07's exercise
 
-Timing: every time is the fastest of a few interleaved repeats (other programs sharing the
-cores only ever add time), and each prompt's prefill is timed apart and subtracted, so a
-speedup is that of the decode phase, as in ``benchmarks/spec.py``.
+Timing: plain and speculative decoding are timed back to back in each of a few repeats,
+each run from the end of its own prefill to its last token, so a speedup is that of the
+decode phase; a speedup is the median of the repeats' ratios, so a
+busy spell on a shared machine slows both sides of a ratio instead of one. A single pass (``verify_costs``) is short enough for one busy moment
+to double it, so passes are warmed up, interleaved across sizes, and the median is kept;
+the decode step that c divides by is a one-token pass timed the same way, so c(k) >= 1
+whenever more rows cost anything.
 
 Invariants: every speculative run is checked against plain greedy decoding, token for token
 (a mismatch raises: speculation must be lossless); nothing here is random except seeded
@@ -28,12 +33,14 @@ import numpy as np
 import torch
 
 from minillm import KVCache, LLMEngine, SamplingParams, calc, devices, generate
+from minillm.generate import generate_stream
 from minillm.spec import speculative_generate
 from minillm.spec.drafts import cached_logits
 
 __all__ = ["TracedDraft", "PassRecord", "PositionStats", "SpecTrace", "trace_speculation",
            "trace_html", "VerifyCost", "verify_costs", "SpeedupRow", "SpeedupRun",
-           "measure_speedup", "BatchCost", "engine_step_times", "run_with_verify_step"]
+           "measure_speedup", "prediction_report", "BatchCost", "engine_step_times",
+           "run_with_verify_step"]
 
 
 def _clock(model) -> float:
@@ -45,15 +52,18 @@ def _clock(model) -> float:
 class TracedDraft:
     """Wraps a draft: records each proposal and the seconds spent proposing."""
 
-    def __init__(self, draft):
+    def __init__(self, draft, clock=time.perf_counter):
         self.draft, self.proposals, self.seconds = draft, [], 0.0
         self.vocab_size = getattr(draft, "vocab_size", None)
+        self.clock, self.started = clock, None  # started: the first proposal, after the prefill
 
     def reset(self, max_len, temperature, generator) -> None:
-        self.proposals, self.seconds = [], 0.0
+        self.proposals, self.seconds, self.started = [], 0.0, None
         self.draft.reset(max_len, temperature, generator)
 
     def propose(self, context_ids, k):
+        if self.started is None:
+            self.started = self.clock()
         t0 = time.perf_counter()
         tokens, probs = self.draft.propose(context_ids, k)
         self.seconds += time.perf_counter() - t0
@@ -62,6 +72,14 @@ class TracedDraft:
 
     def rollback(self, num_tokens) -> None:
         self.draft.rollback(num_tokens)
+
+    def observe(self, fed, best, accepted) -> None:
+        """Passed on to a draft that learns from each pass (``LookaheadDraft``); timed as the
+        draft's, like ``propose``."""
+        if hasattr(self.draft, "observe"):
+            t0 = time.perf_counter()
+            self.draft.observe(fed, best, accepted)
+            self.seconds += time.perf_counter() - t0
 
 
 # --------------------------------------------------------------------------- traces
@@ -105,6 +123,12 @@ class SpecTrace:
     @property
     def tokens_per_pass(self) -> float:
         return len(self.tokens) / len(self.passes)
+
+    def expected_tokens_by_position(self) -> float:
+        """``calc.spec_expected_tokens_by_position`` of the acceptance measured at each draft
+        position given the earlier guesses kept (a position no pass reached counts as 0)."""
+        alphas = np.nan_to_num(self.position_stats().conditional, nan=0.0)
+        return calc.spec_expected_tokens_by_position([float(a) for a in alphas])
 
     def cost_ratio(self, step_s: float) -> float:
         """r: the draft's seconds per guess ÷ ``step_s`` (a plain decode step)."""
@@ -165,49 +189,53 @@ def trace_html(trace: SpecTrace, tokenizer) -> str:
 
 @dataclasses.dataclass
 class VerifyCost:
-    step_s: float      # one plain decode step: minillm.generate's seconds per token
-    pass_s: dict       # k -> one target pass over k + 1 tokens
+    step_s: float      # one decode step: a pass over ONE token after the context (median)
+    pass_s: dict       # k -> one target pass over k + 1 tokens, timed the same way (median)
     verify_cost: dict  # k -> pass_s[k] / step_s: calc.spec_speedup's verify_cost
+    repeats: int = 0   # timed passes per size, interleaved, after one warm-up pass each
 
 
 def _plain_decode_s(model, ids, max_new_tokens):
-    """(prefill seconds, plain decode seconds, tokens) of one minillm.generate call."""
+    """(prefill seconds, decode seconds, tokens) of one plain greedy run: the decode is timed
+    from the first token (the prefill's) to the last, in the same run as its prefill."""
     t0 = _clock(model)
-    model(torch.tensor([ids], device=model.device), last_only=True)
-    prefill = _clock(model) - t0
-    t0 = _clock(model)
-    out = generate(model, ids, max_new_tokens)
-    return prefill, _clock(model) - t0, out
+    stream = generate_stream(model, ids, max_new_tokens)
+    out = [next(stream)]
+    t1 = _clock(model)
+    out += list(stream)
+    return t1 - t0, _clock(model) - t1, out
 
 
 @torch.inference_mode()
-def verify_costs(model, context_ids, ks=(1, 2, 4, 8), max_new_tokens: int = 32,
-                 repeats: int = 3) -> VerifyCost:
+def verify_costs(model, context_ids, ks=(1, 2, 4, 8), repeats: int = 7) -> VerifyCost:
     """c(k): one target pass over k + 1 tokens after ``context_ids`` (their K/V cached; the
-    logits of every row, as a verify pass needs them) ÷ one plain decode step, the step
-    speculation competes with (``minillm.generate``'s, prefill subtracted). Repeats are
-    interleaved and the fastest of each is kept."""
+    logits of every row, as a verify pass needs them) ÷ one decode step, where the decode
+    step is the same pass over ONE token (what ``minillm.generate`` runs per token). Both are
+    timed the same way: the same function, the same cache and position, one warm-up pass
+    per size, then ``repeats`` rounds that time every size in turn; each size's median is
+    kept (a busy machine slows a few passes, not the middle one)."""
     ctx = list(context_ids)
-    cache = KVCache(model.config, 1, len(ctx) + max(ks) + 1, model.dtype, model.device)
+    sizes = [0] + sorted(set(int(k) for k in ks) - {0})
+    cache = KVCache(model.config, 1, len(ctx) + max(sizes) + 1, model.dtype, model.device)
     cached_logits(model, cache, ctx[:-1], 0, last_only=True)
-    ks = sorted(set(ks))
-    best, step = dict.fromkeys(ks, float("inf")), float("inf")
-    for _ in range(repeats):
-        prefill, seconds, out = _plain_decode_s(model, ctx, max_new_tokens)
-        step = min(step, max(seconds - prefill, 1e-9) / len(out))
-        for k in ks:
+    times = {k: [] for k in sizes}
+    for rnd in range(repeats + 1):  # round 0 warms up every size
+        for k in sizes:
             ids = ctx[-1:] + ctx[:k]  # which tokens does not change the cost
             t0 = _clock(model)
             cached_logits(model, cache, ids, len(ctx) - 1)
-            best[k] = min(best[k], _clock(model) - t0)
-    return VerifyCost(step, best, {k: s / step for k, s in best.items()})
+            if rnd:
+                times[k].append(_clock(model) - t0)
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    step = med.pop(0)
+    return VerifyCost(step, med, {k: s / step for k, s in med.items()}, repeats)
 
 
 @dataclasses.dataclass
 class SpeedupRow:
     k: int
-    decode_s: float        # speculative decode seconds (prefill subtracted)
-    speedup: float         # plain decode seconds ÷ decode_s
+    decode_s: float        # speculative decode seconds (prefill subtracted; median)
+    speedup: float         # plain ÷ speculative decode seconds, median over paired repeats
     alpha: float
     tokens_per_pass: float
     guesses_per_pass: float
@@ -233,37 +261,72 @@ class SpeedupRun:
 
 @torch.inference_mode()
 def measure_speedup(model, make_draft, prompt_ids, ks, max_new_tokens: int = 32,
-                    repeats: int = 3) -> SpeedupRun:
-    """Plain greedy decoding against ``speculative_generate`` with ``make_draft()`` at each k,
-    repeats interleaved, the fastest of each kept; prefill (timed apart) subtracted."""
+                    repeats: int = 5) -> SpeedupRun:
+    """Plain greedy decoding against ``speculative_generate`` with ``make_draft()`` at each k.
+
+    Each repeat times plain decoding and every k back to back, each run from the end of its
+    own prefill (plain: its first token; speculative: the draft's first proposal) to its last
+    token, so no prefill timed elsewhere is subtracted. A speedup is the median over the
+    repeats of plain ÷ speculative within the same repeat: runs a few seconds apart share the
+    machine's load, so a busy spell slows both sides of a ratio instead of one. Times are the
+    medians."""
     ids = list(prompt_ids)
     ref = generate(model, ids, max_new_tokens)
-    prefill = plain = float("inf")
-    best = {k: (float("inf"), None, 0.0) for k in ks}  # k -> (seconds, output, draft seconds)
+    prefills, plains = [], []
+    spec_s = {k: [] for k in ks}
+    kept = {}  # k -> (output, draft seconds) of the last repeat: the same tokens every time
     for _ in range(repeats):
         pre, seconds, _ = _plain_decode_s(model, ids, max_new_tokens)
-        prefill, plain = min(prefill, pre), min(plain, seconds)
+        prefills.append(pre)
+        plains.append(max(seconds, 1e-9))
         for k in ks:
-            draft = TracedDraft(make_draft())
-            t0 = _clock(model)
+            draft = TracedDraft(make_draft(), clock=lambda: _clock(model))
             out = speculative_generate(model, draft, ids, max_new_tokens, k=k)
-            seconds = _clock(model) - t0
+            end = _clock(model)
             if out.tokens != ref:
                 raise AssertionError(f"k={k}: speculative decoding changed the text")
-            if seconds < best[k][0]:
-                best[k] = (seconds, out, draft.seconds)
-    plain_decode = max(plain - prefill, 1e-9)
+            spec_s[k].append(max(end - draft.started, 1e-9))
+            kept[k] = (out, draft.seconds)
+    plain_decode = float(np.median(plains))
     step = plain_decode / len(ref)
     rows = []
-    for k, (seconds, out, draft_s) in best.items():
-        decode = max(seconds - prefill, 1e-9)
+    for k in ks:
+        out, draft_s = kept[k]
+        decode = float(np.median(spec_s[k]))
+        speedup = float(np.median([p / d for p, d in zip(plains, spec_s[k])]))
         passes, guesses = out.num_target_passes, out.num_draft_tokens
         r = draft_s / guesses / step if guesses else 0.0
         c = (decode - draft_s) / passes / step
-        rows.append(SpeedupRow(k, decode, plain_decode / decode, out.acceptance_rate,
+        rows.append(SpeedupRow(k, decode, speedup, out.acceptance_rate,
                                len(out.tokens) / passes, guesses / passes, r, c,
                                calc.spec_speedup(out.acceptance_rate, k, r, verify_cost=c)))
-    return SpeedupRun(len(ref), plain_decode, prefill, rows)
+    return SpeedupRun(len(ref), plain_decode, float(np.median(prefills)), rows)
+
+
+def prediction_report(run: SpeedupRun, trace: SpecTrace, c: float, r: float,
+                      tolerance: float = 0.2) -> list[str]:
+    """Sentences, from the numbers, comparing the speedup ``run`` measured at ``trace.k``
+    with two predictions, E ÷ (c + k·r): E from the acceptance at each draft position
+    (``trace.expected_tokens_by_position``) and E from the single α; then the two halves of
+    any gap, tokens per pass and cost per pass (the timed loop's against ``c`` and ``r``)."""
+    k, row = trace.k, run.row(trace.k)
+    e_pos = trace.expected_tokens_by_position()
+    e_single = calc.spec_expected_tokens(trace.acceptance_rate, k)
+    lines = []
+    for name, e in (("from α at each position", e_pos), ("from the single α", e_single)):
+        pred = e / (c + k * r)
+        off = row.speedup / pred - 1
+        lines.append(f"k = {k}: the measured speedup, {row.speedup:.2f}×, is {abs(off):.0%} "
+                     f"{'above' if off > 0 else 'below'} the prediction {name}, {pred:.2f}×: "
+                     f"{'within' if abs(off) <= tolerance else 'outside'} {tolerance:.0%}.")
+    runs = ("; the acceptances came in runs, which one α cannot describe"
+            if e_single < row.tokens_per_pass - 0.05 else "")
+    lines.append(f"Tokens per pass: the run got {row.tokens_per_pass:.2f}; α at each position gives "
+                 f"{e_pos:.2f}, the single-α formula {e_single:.2f}{runs}.")
+    lines.append(f"Cost per pass: in the timed loop a pass cost {row.c:.2f} decode steps and a guess "
+                 f"{row.r:.4f}; section 1 measured c = {c:.2f} and r = {r:.4f}"
+                 f"{' (the loop paid more per pass: noise from other programs, or the loop itself)' if row.c > 1.1 * c else ''}.")
+    return lines
 
 
 @dataclasses.dataclass

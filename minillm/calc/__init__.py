@@ -24,6 +24,7 @@ One module per topic; every name is re-exported here, so ``calc.kv_cache_bytes(.
     batching.py      static batch waste, continuous batching's ideal throughput
     speculative.py   expected tokens, speedup and best k of speculative decoding
     parallel.py      ring all-reduce; TP head rule, traffic, memory and step time; bubble
+    moe.py           mixture of experts: parameters, expert-parallel memory, all-to-all bytes
     timeline.py      per-rank timeline of TP/PP (compute, all-reduce, bubble), Lab 08's widget
     quantization.py  group-quantized weight bytes, int8 KV-cache bytes, symmetric quantization
     serving.py       utilization, M/M/1 latency, Little's law, end-to-end latency, percentiles,
@@ -47,6 +48,8 @@ from .cost import (HOURS_PER_MONTH, break_even_tokens_per_month, break_even_util
                    tokens_per_month)
 from .memory import (kv_cache_bytes, kv_cache_bytes_per_token, max_concurrent_sequences,
                      memory_per_gpu, weight_bytes)
+from .moe import (MIXTRAL_8X7B, MoEConfig, ep_all_to_all_bytes_per_token, ep_expert_bytes_per_gpu,
+                  ep_memory_per_gpu)
 from .parallel import (NVLINK_H100_BYTES_PER_S, PCIE_GEN5_BYTES_PER_S, allreduce_time_s,
                        pp_bubble_fraction, ring_allreduce_bytes, tp_allreduce_bytes,
                        tp_allreduce_count, tp_allreduces_per_layer, tp_kv_heads_per_rank,
@@ -57,10 +60,11 @@ from .serving import (e2e_latency_s, kv_fragmentation, kv_transfer_time_s, littl
                       lora_adapter_bytes, mm1_latency_percentile, mm1_mean_latency, percentile,
                       queueing_latency_s, replicas_needed, utilization)
 from .speculative import (spec_acceptance_probability, spec_expected_tokens,
-                          spec_expected_tokens_naive, spec_optimal_k, spec_speedup)
-from .speed import (batched_decode_tokens_per_s, decode_crossover_batch, decode_flops, decode_step_time_s,
-                    decode_tokens_per_s, launch_floor_s, matmul_intensity, matvec_intensity,
-                    prefill_flops, ridge_point, roofline_flops, step_floor_s)
+                          spec_expected_tokens_by_position, spec_expected_tokens_naive,
+                          spec_optimal_k, spec_speedup)
+from .speed import (batched_decode_tokens_per_s, decode_crossover_batch, decode_flops,
+                    decode_step_time_s, decode_tokens_per_s, launch_floor_s, matmul_intensity,
+                    matvec_intensity, prefill_flops, ridge_point, roofline_flops, step_floor_s)
 
 __all__ = [
     "KB", "MB", "GB", "TB", "GiB", "DTYPE_BYTES", "HOURS_PER_MONTH",
@@ -73,12 +77,15 @@ __all__ = [
     "sliding_window_kv_tokens", "rope_max_wavelength", "rope_ntk_theta",
     "static_batch_wasted_steps", "static_batch_utilization", "static_batch_throughput",
     "continuous_batch_ideal_throughput",
-    "spec_expected_tokens", "spec_expected_tokens_naive", "spec_speedup", "spec_optimal_k",
+    "spec_expected_tokens", "spec_expected_tokens_by_position", "spec_expected_tokens_naive",
+    "spec_speedup", "spec_optimal_k",
     "spec_acceptance_probability",
     "ring_allreduce_bytes", "allreduce_time_s", "tp_allreduces_per_layer", "pp_bubble_fraction",
     "NVLINK_H100_BYTES_PER_S", "PCIE_GEN5_BYTES_PER_S", "tp_size_problem", "tp_valid_sizes",
     "tp_kv_heads_per_rank", "tp_kv_replicas", "tp_shard_size", "tp_allreduce_count",
     "tp_allreduce_bytes", "tp_logits_gather_bytes", "tp_param_bytes_per_rank", "tp_step_time_s",
+    "MoEConfig", "MIXTRAL_8X7B", "ep_expert_bytes_per_gpu", "ep_memory_per_gpu",
+    "ep_all_to_all_bytes_per_token",
     "quantized_weight_bytes", "symmetric_quantize", "kv_cache_int8_bytes",
     "utilization", "mm1_mean_latency", "littles_law_L", "e2e_latency_s", "percentile",
     "mm1_latency_percentile", "queueing_latency_s", "replicas_needed", "kv_transfer_time_s",

@@ -9,6 +9,9 @@ One step:
      target's argmax, then the target's argmax);
   4. both caches roll back to the accepted length.
 
+A draft with an ``observe(fed, best, accepted)`` method is shown each greedy pass: the
+tokens fed, the target's argmax after each, and how many guesses were kept.
+
 Invariants between steps: the target's cache holds the K/V of every context token but the
 last one, which the next verification pass feeds first; rolling back is just moving that
 boundary (entries past it are overwritten before they are read). A step emits 1..k+1
@@ -85,6 +88,9 @@ def speculative_generate(target, draft, prompt_ids, max_new_tokens: int, k: int 
             while n < len(guesses) and guesses[n] == best[n]:
                 n += 1
             emitted = guesses[:n] + [best[n]]
+            observe = getattr(draft, "observe", None)
+            if observe is not None:  # a draft that learns from the pass (LookaheadDraft)
+                observe([context[-1]] + guesses, best, n)
         else:
             p = sampling_probs(logits, temperature, top_k, top_p)
             emitted = rejection_sample(p, q, guesses, generator)

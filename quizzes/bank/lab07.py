@@ -1,8 +1,10 @@
 """Lab 07 quiz: speculative decoding. Every number comes from ``minillm.calc`` (imported in
-the answer functions) except q7 and q10, which read what the lab measured (``quizzes.record`` in the notebook):
-the speedup at k = 4 and the plain decoding speed. q7 keeps a 40% tolerance, because the
-independence assumption of the formula is broken by copying drafts; q10 is the
-predict-then-measure question within 20%."""
+the answer functions) except q7 and q10, the lab's two predictions, which read what the lab
+measured (``quizzes.record`` in the notebook): the speedup at k = 4 and the plain decoding
+speed. Both are asked in the lab (``quizzes.predict``) before the cell that measures them,
+and marked within 20%. The calc questions apply the lab's formulas to cases the lab does
+not print (α = 0.75 at k = 3, α = 0.7 with r = 0.1, p = 0.12 against q = 0.3), so no answer
+can be copied from an output above the quiz."""
 
 from quizzes.questions import Choice, Numeric, Option
 
@@ -18,21 +20,26 @@ def _calc(name, *args, **kwargs):
     return answer
 
 
+# q5/q6: a draft of the lab's kind but a case the lab does not print.
+_ALPHA, _R = 0.7, 0.1
+
+
 def _speedup_at_best_k() -> float:
     from minillm import calc
 
-    return calc.spec_speedup(0.8, calc.spec_optimal_k(0.8, 0.05), 0.05)
+    return calc.spec_speedup(_ALPHA, calc.spec_optimal_k(_ALPHA, _R), _R)
 
 
 # A draft and a target over three tokens: α = Σ min(p, q).
 _P, _Q = (0.5, 0.3, 0.2), (0.2, 0.3, 0.5)
 
 QUESTIONS = [
-    Numeric("q1", "The draft proposed a token with probability q = 0.6; the target gives it p = 0.3. "
+    Numeric("q1", "The draft proposed a token with probability q = 0.3; the target gives it p = 0.12. "
                   "With what probability is the token accepted?",
-            answer=_calc("spec_acceptance_probability", 0.3, 0.6), unit="", rtol=0.01,
-            explanation="min(1, p / q) = min(1, 0.3 / 0.6) = 0.5. The draft offers this token twice as "
-                        "often as the target would write it, so half of those offers are turned down."),
+            answer=_calc("spec_acceptance_probability", 0.12, 0.3), unit="", rtol=0.01,
+            explanation="min(1, p / q) = min(1, 0.12 / 0.3) = 0.4. The draft offers this token 2.5 "
+                        "times as often as the target would write it, so only 40% of those offers "
+                        "may be kept."),
     Choice("q2", "After a rejection, what is the replacement token drawn from?",
            options=[
                Option("norm(max(0, p − q)): the mass the target wants and the accepted guesses did not "
@@ -45,11 +52,11 @@ QUESTIONS = [
                Option("norm(max(0, q − p))",
                       why="That is what the draft over-proposed: the mass that had to be rejected."),
            ]),
-    Numeric("q3", "Per-guess acceptance α = 0.7, k = 5 guesses per pass, acceptances independent. "
+    Numeric("q3", "Per-guess acceptance α = 0.75, k = 3 guesses per pass, acceptances independent. "
                   "Expected tokens per target pass?",
-            answer=_calc("spec_expected_tokens", 0.7, 5), unit="", rtol=0.01,
-            explanation="(1 − α^(k+1)) / (1 − α) = (1 − 0.7⁶) / 0.3 = 2.94: 1 + 0.7 + 0.49 + 0.343 + "
-                        "0.24 + 0.168. The shortcut k·α + 1 would say 4.5."),
+            answer=_calc("spec_expected_tokens", 0.75, 3), unit="", rtol=0.01,
+            explanation="(1 − α^(k+1)) / (1 − α) = (1 − 0.75⁴) / 0.25 = 2.73: 1 + 0.75 + 0.5625 + "
+                        "0.42. The shortcut k·α + 1 would say 3.25."),
     Choice("q4", "Why does the shortcut k·α + 1 overestimate the tokens per pass?",
            options=[
                Option("A guess counts only if every guess before it was accepted: the first rejection "
@@ -64,24 +71,27 @@ QUESTIONS = [
                Option("α should be squared because two models are involved",
                       why="α already is the probability that one guess survives the comparison."),
            ]),
-    Numeric("q5", "α = 0.8, and one draft step costs r = 0.05 of a target step (take the verify pass as one "
+    Numeric("q5", "α = 0.7, and one draft step costs r = 0.1 of a target step (take the verify pass as one "
                   "step). Which k, from 0 to 16, gives the highest speedup?",
-            answer=_calc("spec_optimal_k", 0.8, 0.05), unit="", rtol=0, atol=0,
-            explanation="calc.spec_optimal_k: k = 8, where (1 − 0.8⁹)/0.2 = 4.33 tokens per pass cost "
-                        "1 + 8 × 0.05 = 1.4 steps. The optimum is flat: k = 6..10 are within 2%."),
+            answer=_calc("spec_optimal_k", _ALPHA, _R), unit="", rtol=0, atol=0,
+            explanation="calc.spec_optimal_k: k = 4, where (1 − 0.7⁵)/0.3 = 2.77 tokens per pass cost "
+                        "1 + 4 × 0.1 = 1.4 steps. The optimum is flat: k = 3 and 5 are within 2%."),
     Numeric("q6", "And the speedup at that k?",
             answer=_speedup_at_best_k, unit="x", rtol=0.02,
-            explanation="4.33 / 1.4 = 3.09×. With r = 0.1 the best k falls to 6 (2.47×)."),
-    Numeric("q7", "**Measured.** From the α, r and c you measured on this device at k = 4 (section 6), "
-                  "predict the speedup of speculative over plain decoding with calc.spec_speedup. It is "
-                  "marked against the speedup the lab then measured. The formula assumes independent "
-                  "acceptances, which copying breaks (section 5), so a prediction within 40% of the "
-                  "measurement counts as right.",
-            answer=lambda m: m["spec_speedup_k4"], unit="x", rtol=0.4, needs=("spec_speedup_k4",),
-            example_measured={"spec_speedup_k4": 2.5},
-            explanation="E = (1 − α⁵) / (1 − α) tokens per pass for c + 4·r plain steps. The n-gram "
-                        "draft's acceptances come in runs, so it usually gets more tokens per pass than "
-                        "E, and the measurement beats the prediction."),
+            explanation="2.77 / 1.4 = 1.98×. A cheaper draft (r = 0.05) would want k = 6 (2.35×)."),
+    Numeric("q7", "**Predict, then measure.** Predict the speedup of speculative over plain decoding at "
+                  "k = 4 on the editing prompt, before section 6 times it: E ÷ (c + 4·r), with c and r "
+                  "at k = 4 from the table of section 6, and E from the acceptance measured at each "
+                  "draft position in section 5 (α₁ … α₄, each given the earlier guesses kept): E = 1 + "
+                  "α₁ + α₁α₂ + α₁α₂α₃ + α₁α₂α₃α₄ (calc.spec_expected_tokens_by_position). Marked "
+                  "against the speedup the lab then measures, within 20%.",
+            answer=lambda m: m["spec_speedup_k4"], unit="x", rtol=0.2, predict=True,
+            needs=("spec_speedup_k4",),
+            example_measured={"spec_speedup_k4": 2.2},
+            explanation="A pass yields E tokens for c + 4·r plain steps. The single-α formula (1 − α⁵) ÷ "
+                        "(1 − α) assumes independent acceptances; a copying draft's acceptances come in "
+                        "runs (section 5), which the per-position α captures. The lab prints how far "
+                        "each prediction fell from your measurement, and why."),
     Numeric("q8", "A draft's distribution at some position is q = (0.2, 0.3, 0.5) over three tokens; the "
                   "target's is p = (0.5, 0.3, 0.2). What is the probability that the draft's proposal is "
                   "accepted (α at this position)?",
@@ -103,10 +113,12 @@ QUESTIONS = [
                Option("The draft model does not fit in memory next to a large batch",
                       why="An n-gram draft needs no memory at all, and it stops paying too."),
            ]),
-    Numeric("q10", "**Predict, then measure.** Section 1 measured one plain decode step after the editing "
-                   "prompt. Predict the speed of plain greedy decoding (tok/s, decode only) that section 6 "
-                   "times next to the speculative runs. Marked against that measurement, within 20%.",
-            answer=lambda m: m["plain_tok_s"], unit="tok/s", rtol=0.2, needs=("plain_tok_s",),
+    Numeric("q10", "**Predict, then measure.** Section 1 measured one decode step (a pass over one token) "
+                   "after the editing prompt. Predict the speed of plain greedy decoding (tok/s, decode "
+                   "only) that section 6 times next to the speculative runs, before it runs. Marked "
+                   "against that measurement, within 20%.",
+            answer=lambda m: m["plain_tok_s"], unit="tok/s", rtol=0.2, predict=True,
+            needs=("plain_tok_s",),
             example_measured={"plain_tok_s": 21.0},
             explanation="One token per step: 1 ÷ step time, e.g. 1 ÷ 45 ms = 22 tok/s. It is the "
                         "denominator of every speedup in this lab; the speculative runs are measured "

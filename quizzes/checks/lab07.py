@@ -1,7 +1,7 @@
 """Lab 07 checks: the acceptance rule, the residual distribution, one greedy verify step.
 
-    check.acceptance_probability(acceptance_probability)  # (p, q) tensors -> min(1, p / q)
-    check.residual_distribution(residual_distribution)    # (p, q) [..., V] -> norm(max(0, p - q))
+    check.acceptance_probability(acceptance_probability)  # (p, q) tensors -> P(keep), elementwise
+    check.residual_distribution(residual_distribution)    # (p, q) [..., V] -> the replacement's distribution
     check.verify_step(verify_step)  # (model, cache, num_cached, last_token, guesses)
                                     #   -> (emitted tokens, new num_cached)
 
@@ -13,9 +13,10 @@ are ``minillm.generate``'s greedy tokens with one of them changed, or none chang
 every guess is accepted and the pass adds a bonus token.
 
 Invariants: a slip is named only when it reproduces the student's output and the right
-answer does not. ``verify_step`` gets a model that counts its forward passes (one is
-allowed) and a cache whose unused slots hold random numbers, so K/V written at the wrong
-positions, or not at all, shows up.
+answer does not; no message, nudge or concept contains the formula or the code of a
+solution (the lab has the student derive both rules). ``verify_step`` gets a model that
+counts its forward passes (one is allowed) and a cache whose unused slots hold random
+numbers, so K/V written at the wrong positions, or not at all, shows up.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def _tensor(case: Case, yours, like, what: str):
     if not isinstance(yours, torch.Tensor):
         raise _Difference(f"{what}: expected a tensor of shape {tuple(like.shape)} (one value per "
                           f"element of the inputs), got {type(yours).__name__}. Work elementwise "
-                          f"on the tensors, e.g. torch.clamp(...), not Python's min().")
+                          f"on the tensors with torch operations, not Python's min().")
     if yours.shape != like.shape:
         raise _Difference(f"{what}: expected shape {tuple(like.shape)}, got {tuple(yours.shape)}. "
                           f"Keep the inputs' shape: one value per element.")
@@ -62,10 +63,18 @@ def _judge(yours, ref, slips, what: str, atol: float = 1e-6, otherwise: str | No
 # --------------------------------------------------------------------------- the acceptance rule
 
 
-@register(cases=4)
+@register(cases=4,
+          nudge="The probability of proposing AND keeping a token, q · a, may not exceed p; and "
+                "a is a probability. Check both limits on a token the target likes more than the "
+                "draft (p > q) and on one it likes less.",
+          concept="Rejection sampling thins the draft's proposals towards the target: a proposal "
+                  "is kept in proportion to how much more (or less) the target wants it than the "
+                  "draft, but never with more than certainty. Thinning can only remove "
+                  "probability, never add it.")
 def acceptance_probability(case: Case, fn) -> None:
     """Your acceptance_probability(p, q): for each drafted token, p = the target's
-    probability of it, q = the draft's; accept with min(1, p / q), elementwise."""
+    probability of it, q = the draft's; the probability of keeping it, elementwise, so that
+    the kept tokens never come out more often than the target would write them."""
     import torch
 
     k = case.size(4, 9)
@@ -76,29 +85,39 @@ def acceptance_probability(case: Case, fn) -> None:
     yours = _tensor(case, case.call(fn, p.clone(), q.clone()), ref, "acceptance probability")
     example = None
     if case.index == 0 and abs(float(yours[0]) - 0.5) > 1e-6:
-        example = (f"for p = 0.3 and q = 0.6 (element 0) you give {float(yours[0]):.6g}; "
-                   f"min(1, 0.3 / 0.6) = 0.5: the draft was twice as sure of this token as the "
-                   f"target, so it survives half the time.")
+        example = (f"for p = 0.3 and q = 0.6 (element 0) you give {float(yours[0]):.6g}, but the "
+                   f"draft proposes this token twice as often as the target would write it, so "
+                   f"only half of those proposals may be kept: 0.5.")
     _judge(yours, ref, [
-        (p / q, "some values are above 1: when the target likes a token more than the draft did "
-                "(p > q), it is simply accepted. Cap the ratio: min(1, p / q)."),
-        (torch.clamp(q / p, max=1.0), "the ratio is upside down: accept with min(1, p / q), target "
-                                      "over draft. A token the target likes more (p > q) is "
-                                      "always kept."),
-        (torch.minimum(p, q), "min(p, q) is the probability that the draft proposes the token AND "
-                              "it is accepted (q · min(1, p / q)). The acceptance probability, "
-                              "given that it was proposed, divides by q: min(1, p / q)."),
+        (p / q, "some values are above 1, and a probability cannot be: where the target likes "
+                "a token more than the draft did (p > q), keeping it every time is the most "
+                "you can do."),
+        (torch.clamp(q / p, max=1.0), "the ratio is upside down: a token the draft proposes too "
+                                      "often (q > p) must sometimes be turned down, and one the "
+                                      "target likes more (p > q) always kept; yours does the "
+                                      "opposite."),
+        (torch.minimum(p, q), "that is the probability that the draft proposes the token AND it "
+                              "is kept. The check asks for the probability of keeping it once it "
+                              "has been proposed."),
         (p, "accepting with probability p ignores the draft: a token the draft proposes too "
-            "often (q > p) would come out too often. Accept with min(1, p / q)."),
-        (torch.clamp(p / q, min=1.0), "clamp(min=1) raises small ratios to 1; the cap is the "
-                                      "other way: torch.clamp(p / q, max=1.0)."),
+            "often (q > p) would come out too often."),
+        (torch.clamp(p / q, min=1.0), "small values were raised to 1: a token the draft proposes "
+                                      "too often must sometimes be turned down. The limit is at "
+                                      "the top, not the bottom."),
     ], "acceptance probability", otherwise=example)
 
 
-@register(cases=4)
+@register(cases=4,
+          nudge="After the acceptance step, token t has come out with probability min(p(t), q(t)). "
+                "The replacement must supply exactly what is still missing of p, and be a "
+                "distribution: non-negative, summing to 1 over the last dimension.",
+          concept="A rejection happens exactly as often as the draft over-proposed, and because "
+                  "p and q both sum to 1 that equals the total shortfall of the accepted tokens. "
+                  "So the replacement is the shortfall itself, rescaled into a distribution.")
 def residual_distribution(case: Case, fn) -> None:
-    """Your residual_distribution(p, q) for distributions over the last dimension: after a
-    rejection the replacement token is drawn from norm(max(0, p − q))."""
+    """Your residual_distribution(p, q) for distributions over the last dimension: what a
+    rejected token's replacement is drawn from, so that accepted and replaced tokens together
+    follow p exactly."""
     v = case.size(5, 40)
     shape = (v,) if case.index % 2 == 0 else (case.size(2, 4), v)
     p = (case.randn(*shape) * 2).softmax(-1)
@@ -109,20 +128,22 @@ def residual_distribution(case: Case, fn) -> None:
     neg = (q - p).clamp(min=0)
     raw = p - q
     _judge(yours, ref, [
-        (pos, "not normalized: max(0, p − q) sums to less than 1. Divide by its sum over the last "
-              "dimension (keepdim=True) so it is a distribution."),
-        (neg / neg.sum(-1, keepdim=True), "that is norm(max(0, q − p)), the tokens the DRAFT "
-                                          "over-proposed. Resample from what the target wants "
-                                          "more than the draft gave it: max(0, p − q)."),
-        (raw / raw.sum(-1, keepdim=True), "negative entries: clamp p − q at 0 before normalizing "
-                                          "(a probability cannot be negative)."),
-        (pos / pos.sum(), "normalized over all elements at once: normalize each row, "
-                          "sum(-1, keepdim=True)."),
+        (pos, "not normalized: yours sums to less than 1 over the last dimension. The "
+              "replacement is drawn from it, so it must be a distribution."),
+        (neg / neg.sum(-1, keepdim=True), "that is where the tokens the DRAFT over-proposed are: "
+                                          "the mass that had to be rejected. The replacement "
+                                          "must go where the target wants more than the "
+                                          "accepted tokens gave it."),
+        (raw / raw.sum(-1, keepdim=True), "negative entries: a probability cannot be negative. "
+                                          "Tokens that acceptance already delivered in full get "
+                                          "none of the replacement."),
+        (pos / pos.sum(), "normalized over all elements at once: normalize each row on its own; "
+                          "every row is a separate distribution."),
         (p, "resampling from p counts twice the tokens that the acceptance step already let "
-            "through; only the mass the draft missed, max(0, p − q), is left to give out."),
+            "through; only the mass the accepted tokens fell short of is left to give out."),
     ], "residual")
     if bool((yours < -1e-7).any()):
-        raise _Difference("the residual has negative entries; clamp at 0.")
+        raise _Difference("the residual has negative entries: a probability cannot be negative.")
 
 
 # --------------------------------------------------------------------------- one verify step
@@ -178,7 +199,15 @@ def _token_list(yours) -> list[int]:
         raise _Difference(f"emitted must be a list of token ids (ints), got {yours!r}.") from None
 
 
-@register(cases=4)
+@register(cases=4,
+          nudge="One pass over [last_token] + guesses gives one row of logits per token fed; "
+                "row i is the target's prediction after the tokens before it. Keep guesses while "
+                "they agree with it, add the target's own token, and count the cache positions "
+                "that now hold the text.",
+          concept="Greedy verification keeps the longest prefix of the guesses that the target "
+                  "would have written itself, and the same pass gives the target's next token "
+                  "after that prefix for free. The cache must end up holding the K/V of every "
+                  "token of the text but the newest, which has not been through the model yet.")
 def verify_step(case: Case, fn) -> None:
     """Your verify_step(model, cache, num_cached, last_token, guesses) -> (emitted,
     num_cached): one target pass over [last_token] + guesses at position num_cached, greedy

@@ -76,7 +76,12 @@ def _matmul_case(case: Case):
 # --------------------------------------------------------------------------- column / row
 
 
-@register(cases=3)
+@register(cases=3,
+          nudge="Compare the shape of per_rank[r] with y's: which dimension did the ranks split, "
+                "and does each rank's result cover different output features or all of them?",
+          concept="Column-parallel: each rank owns some of the output features outright, so its "
+                  "result is final for those features and needs no arithmetic with the others; "
+                  "the full output is the owned pieces placed side by side.")
 def column_parallel(case: Case, fn) -> None:
     """Your column_parallel(x, w, tp_size) -> (per_rank, y): rank r holds the r-th block of
     w's columns and the whole x, computes its block of y; y gathers the blocks side by side."""
@@ -89,27 +94,33 @@ def column_parallel(case: Case, fn) -> None:
     for r in range(tp):
         rows = w.chunk(tp, dim=0)[r]
         _name_slip(per_rank[r], ref[r], [
-            (x @ w[:, r::tp], "you took every tp-th column (w[:, r::tp]). A rank holds one "
-                              "contiguous block of columns, w.chunk(tp, dim=1)[r], so that whole "
-                              "heads (and whole FFN columns) stay together."),
+            (x @ w[:, r::tp], "you took every tp-th column. A rank holds one contiguous block "
+                              "of columns, so that whole heads (and whole FFN columns) stay "
+                              "together."),
             (x.chunk(tp, dim=1)[r] @ rows, "that is the ROW-parallel split (w's rows, x's features). "
                                            "Column-parallel gives every rank the whole x and "
-                                           "splits w along dim 1, the output features."),
+                                           "splits w's output features."),
             (x @ w, "each rank computed the whole x @ w: nothing is split. Rank r holds only "
-                    "its block of columns, w.chunk(tp, dim=1)[r]."),
+                    "its own block of w's columns."),
         ], f"per_rank[{r}] (rank {r} of {tp})")
     full = x @ w
     _name_slip(y, full, [
         (sum(ref), "you summed the column shards. Each rank's output holds DIFFERENT output "
-                   "columns, not a partial sum of the same ones: gather them side by side, "
-                   "torch.cat(per_rank, dim=-1) (an all-gather)."),
+                   "columns, not a partial sum of the same ones: they are gathered side by side "
+                   "(an all-gather), not added."),
         (torch.cat(ref, dim=0), "you concatenated along dim 0, the tokens. The shards are blocks "
-                                "of output columns: join them along the last dimension."),
-        (ref[0], "y is rank 0's block only: gather all tp blocks, torch.cat(per_rank, dim=-1)."),
+                                "of output columns."),
+        (ref[0], "y is rank 0's block only: the other ranks' blocks are the rest of y's columns."),
     ], "y")
 
 
-@register(cases=3)
+@register(cases=3,
+          nudge="Compare the shape of per_rank[r] with y's: does each rank produce some of y's "
+                "columns, or all of them from only some of the inputs? Then: what must the "
+                "all-reduce do with those results?",
+          concept="Row-parallel: each rank owns some of the INPUT features, so its result spans "
+                  "every output feature but holds only those inputs' contribution. A matrix "
+                  "product is a sum over input features, so the contributions combine by adding.")
 def row_parallel(case: Case, fn) -> None:
     """Your row_parallel(x, w, tp_size) -> (per_rank, y): rank r holds the r-th block of w's
     rows and the matching block of x's features, and computes a partial sum of the FULL y;
@@ -123,10 +134,9 @@ def row_parallel(case: Case, fn) -> None:
     for r in range(tp):
         _name_slip(per_rank[r], ref[r], [
             (x @ w.chunk(tp, dim=1)[r], "that is the COLUMN-parallel split. Row-parallel splits "
-                                        "w along dim 0 (input features) and x along its last "
-                                        "dimension alike: x.chunk(tp, dim=-1)[r] @ w.chunk(tp, dim=0)[r]."),
-            (x[:, r::tp] @ w[r::tp], "you took every tp-th row. Use contiguous blocks, "
-                                     "x.chunk(tp, dim=-1)[r] and w.chunk(tp, dim=0)[r]."),
+                                        "w's rows (input features), and x's features the same way."),
+            (x[:, r::tp] @ w[r::tp], "you took every tp-th row. Use contiguous blocks, of w's "
+                                     "rows and of x's features alike."),
             (x @ w, "each rank computed the whole x @ w: nothing is split. Rank r multiplies "
                     "its slice of x's features by its block of w's rows."),
         ], f"per_rank[{r}] (rank {r} of {tp})")
@@ -134,13 +144,13 @@ def row_parallel(case: Case, fn) -> None:
     _name_slip(y, full, [
         (torch.cat(ref, dim=-1), "you concatenated the row shards. Each rank's result is already "
                                  "the full width of y, a partial sum over its slice of the inputs: "
-                                 "the all-reduce ADDS them, y = sum of per_rank."),
+                                 "the all-reduce combines them elementwise."),
         (torch.cat(ref, dim=0), "you stacked the partial sums along the tokens: the all-reduce "
                                 "adds them elementwise."),
         (sum(ref) / tp, "you averaged: an all-reduce for a row-parallel layer sums (op=SUM); "
                         "each partial sum is a share of y, not an estimate of it."),
         (ref[0], "y is rank 0's partial sum only: without the all-reduce a rank misses the other "
-                 "ranks' input features. Add all tp partial sums."),
+                 "ranks' input features."),
     ], "y")
 
 
@@ -196,7 +206,14 @@ def _qkv_case(case: Case):
     return case.choice(configs)
 
 
-@register(cases=4)
+@register(cases=4,
+          nudge="Check which rows each rank got: whole heads only (head_dim rows each), its "
+                "query heads first, then the K and then the V rows of the KV heads those query "
+                "heads read; and a ValueError for a tp_size the head rule forbids.",
+          concept="Attention splits by heads because a head's scores need all of its features. "
+                  "Under GQA a group of query heads shares one KV head, so a rank must hold the "
+                  "KV heads of its own query heads; when there are more ranks than KV heads, "
+                  "neighbouring ranks each keep a copy of the same KV head.")
 def shard_qkv(case: Case, fn) -> None:
     """Your shard_qkv(w_qkv, num_heads, num_kv_heads, head_dim, tp_size, rank): the rows of
     the fused qkv weight that rank keeps (whole query heads, then the KV heads they read), or
@@ -220,8 +237,7 @@ def shard_qkv(case: Case, fn) -> None:
         needs = sorted({h // group for h in range(first, last + 1)})
         slips = [(w.chunk(tp, dim=0)[rank] if w.shape[0] % tp == 0 else ref,
                   "you cut the fused matrix into tp equal row blocks, as if it were one projection. "
-                  "It is three stacked ones (Q, then K, then V): split it with "
-                  "w_qkv.split([H·head_dim, KV·head_dim, KV·head_dim]) and shard each by heads."),
+                  "It is three stacked ones (Q, then K, then V), each to be sharded by heads."),
                  (q_rows, "only the Q rows: the rank also needs the K and V rows of the KV heads "
                           "its query heads read, stacked after them.")]
         if tp > KV:
@@ -229,9 +245,8 @@ def shard_qkv(case: Case, fn) -> None:
             slips.append((torch.cat([q_rows, _rows(k, wrong, hd), _rows(v, wrong, hd)]),
                           f"rank {rank} holds query heads {first}..{last}, which read KV head "
                           f"{needs[0]} (query head h reads KV head h // (H/KV) = h // {group}); "
-                          f"you gave it KV head {wrong[0]} (rank % KV). With tp > KV each KV head "
-                          f"is replicated tp/KV = {tp // KV} times, to consecutive ranks: "
-                          f"KV head rank // {tp // KV}."))
+                          f"you gave it KV head {wrong[0]}. With tp > KV each KV head is "
+                          f"replicated tp/KV = {tp // KV} times, to consecutive ranks."))
             if (KV * hd) % tp == 0:
                 slips.append((torch.cat([q_rows, k.chunk(tp)[rank], v.chunk(tp)[rank]]),
                               f"you split the K and V rows {tp} ways, but there are only {KV} KV "
@@ -294,7 +309,12 @@ _MISSING = {
 }
 
 
-@register(cases=4)
+@register(cases=4,
+          nudge="Check which ops leave the ranks with partial sums rather than whole results, "
+                "and what shape the tensor handed to each all-reduce has.",
+          concept="An all-reduce is needed exactly where a row-parallel layer leaves every rank "
+                  "holding a share of the same tensor. Its message is that whole tensor, however "
+                  "many ranks share the work.")
 def allreduces_per_layer(case: Case, fn) -> None:
     """Your allreduces_per_layer(num_tokens, hidden_size, intermediate_size, tp_size,
     dtype_bytes) -> {op: bytes}: the ops of LAYER_OPS after which a Megatron layer all-reduces,
@@ -333,6 +353,5 @@ def allreduces_per_layer(case: Case, fn) -> None:
                  (T * d, "that counts elements; multiply by dtype_bytes for bytes."),
                  (2 * want, "that counts both all-reduces of the layer; give each its own message.")]
         msg = next((m for v, m in slips if abs(yours - v) <= 1e-9 * v and abs(v - want) > 1e-9 * want),
-                   "each all-reduce carries the layer's output for every token: "
-                   "num_tokens × hidden_size × dtype_bytes.")
+                   "each all-reduce carries the layer's whole output for every token, in bytes.")
         raise _Difference(f"{op}: {yours} bytes, expected {want} {where}: {msg}")
