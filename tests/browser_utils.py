@@ -100,6 +100,21 @@ class JupyterLabServer:
     def url(self, path: str) -> str:
         return f"{self.base}/lab/tree/{path}?token={self.token}"
 
+    def shut_down_kernels(self, path: str) -> None:
+        """End the sessions (and kernels) an earlier test left open on notebook `path`."""
+        import urllib.request
+
+        def call(method: str, route: str):
+            req = urllib.request.Request(f"{self.base}/api/{route}?token={self.token}",
+                                         method=method)
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                body = resp.read()
+            return json.loads(body) if body else None
+
+        for session in call("GET", "sessions") or []:
+            if session.get("path") == path:
+                call("DELETE", f"sessions/{session['id']}")
+
     def _write_settings(self, settings: Path) -> None:
         files = {
             "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
@@ -204,6 +219,11 @@ class LabPage:
             if cell.get("cell_type") == "code":
                 cell["outputs"], cell["execution_count"] = [], None
         (self.server.root / src.name).write_text(json.dumps(nb, indent=1), encoding="utf-8")
+        # ...with no answers kept by an earlier test that opened the same notebook in this
+        # session's server: neither its sidecar (quizzes.kept) nor its kernel, which still
+        # holds them in memory and which JupyterLab would reattach to this path.
+        (self.server.root / f".{src.stem}.answers.json").unlink(missing_ok=True)
+        self.server.shut_down_kernels(src.name)
         self.path = src.name
         # `reset` starts from an empty workspace: the server is shared by the whole session,
         # and a restored tab from an earlier test would hide this notebook behind it.
