@@ -29,6 +29,7 @@ kernel's default build everywhere, not measured; avx2, avx512 or avx512bf16, tha
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -94,19 +95,12 @@ def enabled() -> bool:
     return setting() != "blas"
 
 
-_HOST_ISAS: tuple[str, ...] | None = None
-
-
 def host_isas(capability: str | None = None, flags: set[str] | None = None) -> tuple[str, ...]:
     """The ISAs of `ISAS` this CPU runs, narrowest first (empty where it has no AVX2: then
     only "generic" builds). `capability` (PyTorch's, e.g. "AVX512") and `flags` (the CPU
     flags as /proc/cpuinfo spells them) default to this machine's; tests pass others."""
-    if capability is None and flags is None:  # this machine: asked per kernel call, so kept
-        global _HOST_ISAS
-        if _HOST_ISAS is None:
-            from .devices import _cpu_flags
-            _HOST_ISAS = host_isas(torch.backends.cpu.get_cpu_capability(), _cpu_flags())
-        return _HOST_ISAS
+    if capability is None and flags is None:  # this machine: asked per kernel call
+        return _this_host_isas()
     if capability is None:
         capability = torch.backends.cpu.get_cpu_capability()
     if flags is None:
@@ -120,6 +114,12 @@ def host_isas(capability: str | None = None, flags: set[str] | None = None) -> t
         if "avx512_bf16" in flags:
             isas.append("avx512bf16")
     return tuple(isas)
+
+
+@functools.cache
+def _this_host_isas() -> tuple[str, ...]:
+    from .devices import _cpu_flags
+    return host_isas(torch.backends.cpu.get_cpu_capability(), _cpu_flags())
 
 
 def default_isa(avx512: bool = False, avx512_bf16: bool = False,

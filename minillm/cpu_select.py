@@ -333,7 +333,9 @@ def select(setting: str | None = None, refresh: bool = False, timer=None) -> Sel
 
 
 _current: dict[str, Selection] = {}
-generation = 0  # bumped by `reset`: the kernel modules key their per-shape memos with it
+# (choose, MINILLM_CPU_KERNEL as set, its arguments) -> what choose returned: the kernel
+# modules ask per product (a decode step makes 121), so each shape is decided once.
+_chosen: dict = {}
 
 
 def current() -> Selection:
@@ -348,10 +350,22 @@ def current() -> Selection:
 
 def reset() -> None:
     """Forget the selections of this process (the next `current()` loads or measures), and
-    with them every kernel module's memo of its choices."""
-    global generation
+    with them every remembered per-shape choice (`memoized`)."""
     _current.clear()
-    generation += 1
+    _chosen.clear()
+
+
+def memoized(choose: Callable, *args):
+    """`choose(*args)`, a kernel module's decision for one shape from the selection,
+    remembered per MINILLM_CPU_KERNEL value until `reset`. Under torch.compile it is
+    called afresh (its arguments may be symbolic; the module prepared its kernels first)."""
+    if torch.compiler.is_compiling():
+        return choose(*args)
+    key = (choose, os.environ.get(cpp_extension.ENV)) + args
+    result = _chosen.get(key, _chosen)
+    if result is _chosen:
+        result = _chosen[key] = choose(*args)
+    return result
 
 
 def choice(kernel: str, group: str, bucket: str) -> str | None:

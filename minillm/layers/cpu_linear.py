@@ -36,7 +36,6 @@ between.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -91,24 +90,11 @@ def _register_fake(kernel) -> None:
         lambda x, weight: x.new_empty(x.shape[0], weight.shape[0]))
 
 
-# (MINILLM_CPU_KERNEL, cpu_select.generation, rows, dtype, K) -> the build `Linear` runs,
-# or None for F.linear.
-# A decode step makes 121 products, so `kernel_for` answers from here after the first.
-_chosen: dict = {}
-
-
 def kernel_for(x: torch.Tensor, weight: torch.Tensor):
     """The build (extension module) that `Linear` runs x @ W.T through, chosen for this
     dtype, width and row count (`minillm.cpu_select`), or None: F.linear. Only for products
-    that `applies` to."""
-    rows, k = x.numel() // x.shape[-1], x.shape[-1]
-    if torch.compiler.is_compiling():  # rows may be symbolic: no memo (`prepare` ran first)
-        return _choose(rows, x.dtype, k)
-    key = (os.environ.get(cpp_extension.ENV), cpu_select.generation, rows, x.dtype, k)
-    kernel = _chosen.get(key, _chosen)
-    if kernel is _chosen:
-        kernel = _chosen[key] = _choose(rows, x.dtype, k)
-    return kernel
+    that `applies` to. A decode step makes 121 products: each shape is decided once."""
+    return cpu_select.memoized(_choose, x.numel() // x.shape[-1], x.dtype, x.shape[-1])
 
 
 def _choose(rows: int, dtype: torch.dtype, k: int):

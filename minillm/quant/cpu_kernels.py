@@ -30,7 +30,6 @@ compiled decode path has no graph break.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -81,23 +80,11 @@ def _group(bits: int) -> str:
     return f"w{storage_bits(bits)}"
 
 
-# (MINILLM_CPU_KERNEL, cpu_select.generation, rows, storage bits) -> the build
-# QuantLinear runs, or None.
-_chosen: dict = {}
-
-
 def kernel_for(x: torch.Tensor, bits: int) -> str | None:
     """The build (its ISA) that `QuantLinear` runs these rows through, chosen by measurement
     (`minillm.cpu_select`), or None: dequantize and F.linear. Only for products that
     `applies` to."""
-    rows = x.numel() // x.shape[-1]
-    if torch.compiler.is_compiling():  # rows may be symbolic: no memo
-        return _choose(rows, bits)
-    key = (os.environ.get(cpp_extension.ENV), cpu_select.generation, rows, storage_bits(bits))
-    variant = _chosen.get(key, _chosen)
-    if variant is _chosen:
-        variant = _chosen[key] = _choose(rows, bits)
-    return variant
+    return cpu_select.memoized(_choose, x.numel() // x.shape[-1], storage_bits(bits))
 
 
 def _choose(rows: int, bits: int) -> str | None:
