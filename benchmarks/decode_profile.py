@@ -41,14 +41,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import minillm  # noqa: E402
 from minillm.devices import device_name  # noqa: E402
 from minillm.layers import cpu_linear, fused  # noqa: E402
+from minillm.measure import step_profile  # noqa: E402
 from minillm.perf import measure_matvec_bandwidth  # noqa: E402
 
 RESULTS = Path(__file__).with_name("results") / "decode_profile.json"
 PROMPT = [1, 504, 3937, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
 # By exact name: Inductor names its generated loops after the ops they fused, so a loop
 # that fused a norm with a product's reshape is called "..._small_m_linear_..." and is glue.
-WEIGHT_OPS = {"minillm_cpu::small_m_linear", "minillm::small_m_linear", "aten::mm",
-              "aten::addmm", "aten::mv"}
+# In eager mode the C++ small-M kernel is a pybind call the profiler does not see as an op:
+# Lab 01's forward hooks wrap every Linear in the range step_profile.WEIGHTS_RANGE instead.
+WEIGHT_OPS = {step_profile.WEIGHTS_RANGE, "aten::mm", "aten::addmm", "aten::mv"}
 # Each build of a C++ kernel names its operator after its ISA (minillm_cpu::small_m_linear_avx2,
 # ..._avx512, ...: `minillm.cpu_select` chooses which runs).
 WEIGHT_OP_PREFIXES = ("minillm_cpu::small_m_linear_", "minillm_cpu::w4_linear_",
@@ -102,10 +104,15 @@ def step_seconds(model, steps, ways, rounds):
 def profiled_bins(model, steps, compile):
     """Per-step µs in each bin: a profile of 1 + S tokens minus a profile of 1 token."""
     def run(n):
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            t0 = time.perf_counter()
-            minillm.generate(model, PROMPT, n, compile=compile, ignore_eos=True)
-            wall = time.perf_counter() - t0
+        hooks = [] if compile else step_profile.hook_linears(model)
+        try:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                t0 = time.perf_counter()
+                minillm.generate(model, PROMPT, n, compile=compile, ignore_eos=True)
+                wall = time.perf_counter() - t0
+        finally:
+            for h in hooks:
+                h.remove()
         bins = defaultdict(float)
         for e in prof.key_averages():
             name = e.key

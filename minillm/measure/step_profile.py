@@ -88,8 +88,10 @@ class _LabelledBackend:
         return labelled
 
 
-def _hook_linears(model) -> list:
-    """Forward hooks that open a profiler range before each Linear and close it after."""
+def hook_linears(model) -> list:
+    """Forward hooks that open a profiler range (WEIGHTS_RANGE) before each Linear and close it
+    after; returns their handles (call .remove() on each). Also used by
+    benchmarks/decode_profile.py."""
     from ..layers.linear import Linear
 
     handles, open_ranges = [], []
@@ -140,7 +142,7 @@ def profile_decode_step(model, prompt_ids: Sequence[int], steps: int = 8, top: i
     handles = []
     try:
         model.attn_backend = _LabelledBackend(original)  # (not set_attn_backend: keep any compiled step)
-        handles = _hook_linears(model)
+        handles = hook_linears(model)
         warm = generate_stream(model, prompt_ids, 2 + steps, ignore_eos=True, cuda_graph=False)
         for _ in warm:  # warm-up: the same steps, unprofiled
             pass
