@@ -228,3 +228,17 @@ def main() -> None:
     print(f"minillm: CPU kernel selection (MINILLM_CPU_KERNEL={sel.setting}; {sel.source}):")
     for line in sel.lines():
         print(f"  {line}")
+    # The ranks of a minillm.dist world run fewer threads each (Lab 08), and a selection is
+    # measured per thread count: measure theirs now too, one process, quietly.
+    own = torch.get_num_threads()
+    for world in (2, 4):
+        threads = max(1, (os.cpu_count() or 1) // world)
+        if threads == own:
+            continue
+        torch.set_num_threads(threads)
+        try:
+            ranks = cpu_select.select()
+        finally:
+            torch.set_num_threads(own)
+        print(f"minillm: CPU kernel selection for {threads} thread(s) per rank of a world of "
+              f"{world}: {ranks.source}")

@@ -39,10 +39,16 @@ Invariants:
   sources: a file whose key differs in anything is measured again and overwritten, never
   reused.
 - The measurement takes a few seconds (medians of interleaved rounds, `time_variants`);
-  `make setup` runs it (`cpp_extension.main`), so no lab cell pays it.
+  `make setup` runs it (`cpp_extension.main`), for the process's thread count and for the
+  per-rank counts of `minillm.dist` worlds of 2 and 4 ranks, so no lab cell pays it.
+- One process measures at a time per cache file (an exclusive lock beside it): the ranks of
+  a distributed run that start together would otherwise all measure at once, find their
+  rounds disagreeing (each slows the others), trust none of them and cache nothing, and the
+  next launch would measure again. The others wait, then read what it cached.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -296,15 +302,47 @@ def select(setting: str | None = None, refresh: bool = False, timer=None) -> Sel
         return Selection(setting, _fixed(setting, group_list), {}, key, source="not measured")
     path = cache_path(key)
     wanted = {g.key(b) for g in group_list for b in g.buckets}
-    if not refresh and path.exists():
+    if not refresh and (cached := _read_cache(path, key, wanted, setting)) is not None:
+        return cached  # an unreadable or mismatched file is measured again and overwritten
+    with _measuring(path):
+        if not refresh and (cached := _read_cache(path, key, wanted, setting)) is not None:
+            return cached  # another process measured while this one waited for the lock
+        return _measure_and_cache(setting, group_list, key, path, timer)
+
+
+def _read_cache(path: Path, key: dict, wanted: set, setting: str) -> Selection | None:
+    """The selection cached in `path` if it was measured for `key` and covers `wanted`."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("key") != key or set(data.get("choices", {})) != wanted:
+            return None
+        return Selection(setting, data["choices"], data.get("timings_ms", {}), key,
+                         data.get("measured_at"), data.get("measurement_s", 0.0),
+                         f"cached in {path}")
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+        return None  # missing or unreadable
+
+
+@contextlib.contextmanager
+def _measuring(path: Path):
+    """Hold an exclusive lock on `<cache file>.lock` (POSIX; elsewhere no lock)."""
+    try:
+        import fcntl
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path.with_suffix(".lock"), "a")
+    except (ImportError, OSError):
+        yield
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # blocks without spinning while another process measures
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if data.get("key") == key and set(data.get("choices", {})) == wanted:
-                return Selection(setting, data["choices"], data.get("timings_ms", {}), key,
-                                 data.get("measured_at"), data.get("measurement_s", 0.0),
-                                 f"cached in {path}")
-        except (OSError, ValueError, TypeError, AttributeError):
-            pass  # unreadable: measure again and overwrite it
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _measure_and_cache(setting: str, group_list: list[Group], key: dict, path: Path,
+                       timer) -> Selection:
     t0 = time.perf_counter()
     with torch.inference_mode():
         choices, timings, noise = measure(group_list, timer)
@@ -313,7 +351,7 @@ def select(setting: str | None = None, refresh: bool = False, timer=None) -> Sel
         warnings.warn(f"minillm: the CPU kernel measurement was too noisy to trust (rounds "
                       f"disagree by {noise:.0%}: is the machine busy?); the default builds "
                       f"run, and nothing is cached. Measure again on a quiet machine: "
-                      f"python -m minillm info --refresh", RuntimeWarning, stacklevel=2)
+                      f"python -m minillm info --refresh", RuntimeWarning, stacklevel=3)
         return Selection(setting, _fixed("default", group_list), timings, key, now,
                          round(time.perf_counter() - t0, 2),
                          f"too noisy ({noise:.0%}): the default builds, not cached")

@@ -52,6 +52,7 @@ _BASES: dict[str, tuple[str, ...]] = {
     "params": ("params", "parameters", "param"),
     "seq": ("seq", "seqs", "sequences", "sequence"),
     "req/s": ("req/s", "requests/s", "rps"),
+    "step": ("step", "steps"),
 }
 _PLAIN: dict[str, tuple[str, float]] = {
     "%": ("%", 1.0),

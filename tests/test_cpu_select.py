@@ -250,6 +250,51 @@ def test_a_noisy_measurement_runs_the_defaults_and_is_not_cached():
     assert not cpu_select.cache_path().exists()
 
 
+def _measure_in_another_process(cache_dir, started, proceed, done):
+    """A second process that takes the measuring lock, says so, waits, then caches its
+    selection: what one rank of a distributed run does while the others start."""
+    import os
+    os.environ["MINILLM_CACHE_DIR"] = cache_dir
+    path = cpu_select.cache_path()
+    with cpu_select._measuring(path):
+        started.set()
+        proceed.wait(30)
+        cpu_select._measure_and_cache("auto", cpu_select.groups(), cpu_select.cpu_key(), path,
+                                      fake_timer({"blas": 5.0}))
+    done.set()
+
+
+def test_one_process_measures_and_the_others_read_its_cache(tmp_path):
+    """Ranks that start together must not all measure at once (their rounds would disagree,
+    nothing would be cached, and every launch would measure again): one measures under a
+    lock; another that wanted the same selection waits and reads what it cached."""
+    import multiprocessing as mp
+    import threading
+
+    ctx = mp.get_context("spawn")
+    started, proceed, done = ctx.Event(), ctx.Event(), ctx.Event()
+    other = ctx.Process(target=_measure_in_another_process,
+                        args=(str(tmp_path), started, proceed, done))
+    other.start()
+    try:
+        assert started.wait(60), "the other process never took the lock"
+        calls, result = [], {}
+        here = threading.Thread(target=lambda: result.update(
+            sel=cpu_select.select("auto", timer=fake_timer({}, calls))))
+        here.start()
+        here.join(1.0)
+        assert here.is_alive(), "select() measured while another process held the lock"
+        proceed.set()
+        here.join(60)
+        assert done.is_set() and not here.is_alive()
+        assert not calls, "this process measured although the other had just cached a selection"
+        assert result["sel"].source.startswith("cached")
+        assert result["sel"].key == cpu_select.cpu_key()
+    finally:
+        proceed.set()
+        other.join(30)
+
+
 # ---------------------------------------------------------------------------- visible
 
 def test_info_prints_the_selection(monkeypatch, capsys):

@@ -275,9 +275,10 @@ def test_textbook_slips_get_useful_feedback():
 
 
 def test_measured_questions_read_this_machines_values():
-    assert answer("lab01.q9", "40.9 tok/s", measured_values={"decode_tok_s": 36.2}).correct  # 13% off
-    assert not answer("lab01.q9", "58.8 tok/s", measured_values={"decode_tok_s": 36.2}).correct  # STREAM
-    assert answer("lab01.q9", "30", measured_values={}).status == "invalid"   # not measured yet
+    compiled = {"compiled_step_ms": 17.1}
+    assert answer("lab01.q9", "16.0 ms", measured_values=compiled).correct   # the bytes floor: 6% off
+    assert not answer("lab01.q9", "23.0 ms", measured_values=compiled).correct  # eager's launch floor added
+    assert answer("lab01.q9", "16", measured_values={}).status == "invalid"   # not measured yet
     prefill = {"prefill_tok_s": 629.0, "decode_tok_s": 36.2}
     assert answer("lab01.q12", "17.4x", measured_values=prefill).correct
     assert not answer("lab01.q12", "128", measured_values=prefill).correct    # tokens, not speed

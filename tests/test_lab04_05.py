@@ -445,3 +445,5 @@ def test_predicted_engine_steps_equal_the_engines():
     run = batching.run_engine(tiny, work, "continuous", max_num_seqs=4)
     assert run["steps"] == reference_batch_steps([n for _, n in work], 4, "continuous")
     assert answer("lab05.q9", f"{run['steps']}", {"engine_steps_continuous": run["steps"]}).correct
+    # the way a student writes it, and the way the solution's predict cell does
+    assert answer("lab05.q9", f"{run['steps']} steps", {"engine_steps_continuous": run["steps"]}).correct

@@ -382,6 +382,12 @@ def test_stream_burst_and_metrics_against_a_real_server(smollm):
         assert {r.status for r in replies} == {200, 503}
         assert all(r.retry_after for r in replies if r.status == 503)
         assert all(r.completion_tokens == 4 for r in replies if r.status == 200)
+        # streamed: every event read, the tokens counted from the final usage event, 503s the same
+        replies = serve_runs.burst(srv.url, [list(range(40 + i, 72 + i)) for i in range(12)], max_tokens=4,
+                                   stream=True)
+        assert {r.status for r in replies} == {200, 503}
+        assert all(r.retry_after and r.error for r in replies if r.status == 503)
+        assert all(r.completion_tokens == 4 and r.done_s > r.sent_s for r in replies if r.status == 200)
         with serve_runs.MetricsWatcher(srv.url, interval_s=0.05) as watch:
             serve.run_load(srv.url, 20, 0.5, prompts=[list(range(5, 21))], max_tokens=4)
         t, running = watch.series("minillm:num_requests_running")
@@ -412,11 +418,12 @@ def test_bank_numbers_and_the_measured_knee():
     assert expected("lab09.q11") == pytest.approx(0.125, abs=1e-3)
     assert expected("lab09.q15") == 7
     assert not answer("lab09.q1", "6").correct  # 6.25 rounded down: not enough replicas
-    m = {"knee_rate": 4.0}
+    m = {"overload_completed_rate": 4.0}
     assert answer("lab09.q3", "4.5 req/s", m).correct and answer("lab09.q3", "3.3", m).correct
     # 1 / unloaded latency, the mistake of ignoring the batch: wildly wrong
     assert not answer("lab09.q3", "0.9", m).correct
     assert not answer("lab09.q3", "5.2", m).correct
+    assert not answer("lab09.q3", "6.0", m).correct  # 1.5 μ: capacity forgotten
     m = {"unloaded_latency_ms": 450.0}
     assert answer("lab09.q12", "0.5 s", m).correct and not answer("lab09.q12", "30 ms", m).correct
 

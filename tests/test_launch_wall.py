@@ -52,6 +52,34 @@ def test_profiler_counts_one_decode_step_without_the_prefill():
     assert again.host_ops == c.host_ops  # per step: the same whatever the steps counted
 
 
+def test_weight_stream_times_every_product_once_and_counts_its_bytes(monkeypatch):
+    """measure_weight_stream calls each Linear once per timed pass, in model order, on one row,
+    and counts exactly the weights: what the bytes floor of a CPU divides by."""
+    from minillm.layers import Linear
+
+    model = tiny()
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    calls = []
+    originals = {id(m): m.forward for m in linears}
+    for m in linears:
+        monkeypatch.setattr(m, "forward", lambda x, m=m: (calls.append((id(m), tuple(x.shape))),
+                                                          originals[id(m)](x))[1])
+    op = measure.measure_weight_stream(model, repeats=2, warmup=1)
+    params = sum(m.in_features * m.out_features for m in linears)
+    assert op.bytes_moved == params * 4 and op.flops == 2 * params and op.seconds > 0
+    assert op.details["num_products"] == len(linears) == 4 * model.config.num_layers + 1
+    assert len(calls) % len(linears) == 0 and len(calls) >= 3 * len(linears)  # warm-up + 2 repeats
+    assert [c[0] for c in calls[:len(linears)]] == [id(m) for m in linears]   # model order
+    assert all(shape[:-1] == (1, 1) for _, shape in calls)                    # one row each
+    bw, how = measure.decode_bandwidth(model)                                 # a CPU: this stream
+    assert bw > 0 and "weight products alone" in how
+
+
+def test_weight_stream_refuses_a_model_without_linears():
+    with pytest.raises(ValueError, match="minillm.layers.Linear"):
+        measure.measure_weight_stream(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+
+
 def test_launch_wall_table_and_summary_on_a_cpu():
     model = tiny()
     wall = measure.LaunchWall(model, bandwidth_bytes_per_s=10e9, prompt_len=4, steps=2,

@@ -404,6 +404,19 @@ def test_every_lab_asks_two_predictions_before_their_measurements(path):
                                       f"that records {key!r} ({recorded})")
 
 
+@pytest.mark.parametrize("path", LABS, ids=lambda p: p.stem)
+def test_every_solution_prediction_was_kept_in_its_saved_run(path):
+    """The solution's own predict cells must produce readable answers: a unit the parser does
+    not know ("274 steps" before "steps" was a unit) leaves nothing kept, and the solution
+    then teaches a prediction that never counted. Read from the saved outputs."""
+    nb = nbformat.read(path, as_version=4)
+    lay = layout(nb, path.name)
+    for qid, i in lay.predict_cell.items():
+        text = json.dumps(nb.cells[i].get("outputs", []), ensure_ascii=False)
+        assert "Prediction kept" in text, (f"solutions/{path.name}, cell {i} (predict:{qid}): the saved output "
+                                           "does not say the prediction was kept; re-run it and read its message")
+
+
 # ------------------------------------------------------------------ the real thing: JupyterLab keeps the Check
 
 

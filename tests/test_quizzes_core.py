@@ -37,6 +37,7 @@ from quizzes.units import UnitError, format_quantity, parse_quantity
     ("60%", 60.0, "%"),
     ("4x", 4.0, "x"),
     ("26 billion", 26e9, ""),
+    ("274 steps", 274.0, "step"),
     (26, 26.0, ""),
 ])
 def test_parse_quantity(text, value, dim):

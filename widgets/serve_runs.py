@@ -17,6 +17,7 @@ each, started together), so the server sees them as simultaneous arrivals.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import threading
 import time
@@ -260,13 +261,20 @@ class Reply:
     error: str | None           # the error body's message, if any
 
 
-def burst(url: str, prompts, *, max_tokens: int = 16, timeout_s: float = 300.0) -> list:
+def burst(url: str, prompts, *, max_tokens: int = 16, stream: bool = False,
+          timeout_s: float = 300.0) -> list:
     """Send one completion per prompt (str or token ids), all at the same moment
-    (non-streamed, greedy, EOS ignored), and return one ``Reply`` per request, in order.
-    Use distinct prompts to measure capacity: identical ones share the prefix cache."""
+    (greedy, EOS ignored), and return one ``Reply`` per request, in order.
+    Use distinct prompts to measure capacity: identical ones share the prefix cache.
+
+    ``stream=True`` asks for server-sent events and reads every one, as ``serve.run_load``
+    does: the capacity measured then includes the per-event work of server and client, which
+    on a small CPU shares the cores with the engine (Lab 09 measures μ this way, because its
+    load sweep streams)."""
     import httpx
 
     from minillm.serve import MODEL_NAME
+    from minillm.serve.sse import iter_events
 
     target = _url(url) + "/v1/completions"
     prompts = list(prompts)
@@ -276,19 +284,34 @@ def burst(url: str, prompts, *, max_tokens: int = 16, timeout_s: float = 300.0) 
     replies = [None] * n
     go = threading.Barrier(n)
 
+    def post(client, body) -> tuple:
+        """(status, retry-after, completion tokens, error message) of one request."""
+        if not stream:
+            r = client.post(target, json=body)
+            data = r.json()
+            if r.status_code != 200:
+                return r.status_code, r.headers.get("retry-after"), 0, (data.get("error") or {}).get("message")
+            return 200, None, data.get("usage", {}).get("completion_tokens", 0), None
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        with client.stream("POST", target, json=body) as r:
+            if r.status_code != 200:
+                data = json.loads(r.read() or b"{}")
+                return r.status_code, r.headers.get("retry-after"), 0, (data.get("error") or {}).get("message")
+            tokens = 0
+            for event in iter_events(r.iter_lines()):
+                if isinstance(event, dict) and event.get("usage"):
+                    tokens = event["usage"].get("completion_tokens", 0)
+            return 200, None, tokens, None
+
     def one(i: int) -> None:
         with httpx.Client(timeout=timeout_s) as client:
             go.wait()
             sent = time.perf_counter()
             try:
-                r = client.post(target, json={"model": MODEL_NAME, "prompt": prompts[i],
-                                              "max_tokens": max_tokens, "temperature": 0.0,
-                                              "ignore_eos": True})
-                data = r.json()
-                tokens = data.get("usage", {}).get("completion_tokens", 0) if r.status_code == 200 else 0
-                err = (data.get("error") or {}).get("message") if r.status_code != 200 else None
-                replies[i] = Reply(r.status_code, r.headers.get("retry-after"), sent,
-                                   time.perf_counter(), tokens, err)
+                status, retry, tokens, err = post(client, {"model": MODEL_NAME, "prompt": prompts[i],
+                                                           "max_tokens": max_tokens, "temperature": 0.0,
+                                                           "ignore_eos": True})
+                replies[i] = Reply(status, retry, sent, time.perf_counter(), tokens, err)
             except httpx.HTTPError as exc:
                 replies[i] = Reply(0, None, sent, time.perf_counter(), 0, f"{type(exc).__name__}: {exc}")
 

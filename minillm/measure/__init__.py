@@ -21,12 +21,14 @@ Invariants (how FLOPs and bytes are counted; the same conventions as ``minillm.c
 Layout (every name is re-exported here, e.g. ``measure.measure_attention_decode``):
 
     results.py    OpMeasurement, roofline_fraction, format_table
-    steps.py      the whole model: measure_decode_steps, measure_prefill, measure_operations
+    steps.py      the whole model: measure_decode_steps, measure_prefill, measure_operations,
+                  measure_weight_stream (a step's weight products alone)
     operators.py  one operator: measure_matmul, measure_matvec, measure_attention_decode
     memory.py     attention_peak_growth: peak memory of one attention call (RSS in a fresh
                   process on a CPU, the allocator's peak on CUDA)
     launch.py     the launch wall: measure_launch_cost, count_step_ops (torch.profiler),
-                  measure_launch_wall (eager, compiled, CUDA-graph decode against its floors)
+                  measure_launch_wall (eager, compiled, CUDA-graph decode against its floors),
+                  decode_bandwidth (what the bytes floor divides by, per device)
     step_profile.py where a decode step's time goes: profile_decode_step (torch.profiler;
                   weight products, attention, the rest; the top operators)
 
@@ -37,18 +39,19 @@ model's device for the model-level ones: the roofline's points and roof come fro
 
 from __future__ import annotations
 
-from .launch import LaunchWall, count_step_ops, measure_launch_cost, measure_launch_wall
+from .launch import (LaunchWall, count_step_ops, decode_bandwidth, measure_launch_cost,
+                     measure_launch_wall)
 from .memory import attention_peak_growth
 from .operators import measure_attention_decode, measure_matmul, measure_matvec
 from .results import OpMeasurement, check_same_device, format_table, roofline_fraction
 from .step_profile import StepProfile, profile_decode_step
 from .steps import (DEFAULT_BATCH_SIZES, matmul_params, measure_decode_steps,
-                    measure_operations, measure_prefill)
+                    measure_operations, measure_prefill, measure_weight_stream)
 
 __all__ = [
     "OpMeasurement", "DEFAULT_BATCH_SIZES", "matmul_params", "measure_decode_steps",
-    "measure_prefill", "measure_matmul", "measure_matvec", "measure_attention_decode",
+    "measure_prefill", "measure_weight_stream", "measure_matmul", "measure_matvec", "measure_attention_decode",
     "measure_operations", "roofline_fraction", "format_table", "attention_peak_growth",
     "check_same_device", "LaunchWall", "measure_launch_cost", "count_step_ops",
-    "measure_launch_wall", "StepProfile", "profile_decode_step",
+    "measure_launch_wall", "decode_bandwidth", "StepProfile", "profile_decode_step",
 ]

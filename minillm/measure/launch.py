@@ -279,6 +279,26 @@ class LaunchWall:
         return lines
 
 
+def decode_bandwidth(model) -> tuple[float, str]:
+    """(bytes/s, how it was measured): the bandwidth a batch-1 decode step's weight products
+    get on ``model``'s device, for the bytes floor.
+
+    On a CPU, the step's own products timed alone (``measure_weight_stream``): each runs as
+    soon as it is issued, so their time is their stream, and most are 1-4 MB matrices that
+    can stream slower than one model-sized matrix. On a GPU, one model-sized matrix-vector
+    stream (``perf.measure_matvec_bandwidth``): timing 121 small products there would time
+    their launches, which is the other floor, not this one."""
+    from ..perf import measure_matvec_bandwidth
+    from .steps import measure_weight_stream
+
+    if model.device.type == "cpu":
+        op = measure_weight_stream(model)
+        return op.bytes_per_s, (f"the step's {op.details['num_products']} weight products alone, one row "
+                                f"each, in model order: {op.bytes_per_s / 1e9:.1f} GB/s")
+    bw = max(measure_matvec_bandwidth(model.device).values())
+    return bw, f"one model-sized matrix-vector stream on {model.device}: {bw / 1e9:.1f} GB/s"
+
+
 def measure_launch_wall(model, variants: Sequence[str] | None = None, *,
                         bandwidth_bytes_per_s: float, quick: bool = False,
                         **options) -> LaunchWall:

@@ -162,6 +162,43 @@ def measure_prefill(model, num_tokens: int = 128, batch: int = 1, repeats: int =
         details={**counts, "num_tokens": num_tokens})
 
 
+@torch.inference_mode()
+def measure_weight_stream(model, repeats: int = 5, warmup: int = 1, seed: int = 0) -> OpMeasurement:
+    """Time the weight products of one batch-1 decode step and nothing else: every
+    ``Linear`` of ``model`` (121 for SmolLM2: four per layer, then the LM head) called in
+    model order on one row, as a decode step calls it (the same kernel choice, the same
+    layout). Its achieved bytes/s is the bandwidth a decode step's products really get.
+
+    Why not one big matrix (``perf.measure_matvec_bandwidth``)? Most of a step's matrices are
+    1-4 MB: each call pays its threads' start and the prefetchers' ramp on a short stream,
+    so on a machine with fast memory they stream slower than one model-sized matrix, and a
+    bytes floor computed from the big matrix is too low.
+
+    FLOPs = 2 per weight; bytes = the weights (the rows in and out are a few KB).
+    """
+    from ..layers import Linear
+
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    if not linears:
+        raise ValueError("measure_weight_stream needs a model whose weight products are "
+                         "minillm.layers.Linear modules (LlamaModel's are); found none")
+    dev, dtype = model.device, model.dtype
+    g = torch.Generator().manual_seed(seed)
+    rows = {id(m): torch.randn(1, 1, m.in_features, generator=g).to(dev, dtype) for m in linears}
+
+    def step() -> None:
+        for m in linears:
+            m(rows[id(m)])
+
+    seconds = time_fn(step, warmup=warmup, repeats=repeats, device=dev)
+    params = sum(m.in_features * m.out_features for m in linears)
+    db = torch.empty((), dtype=dtype).element_size()
+    return OpMeasurement(name=f"{len(linears)} weight products, 1 row", kind="matvec", batch=1,
+                         flops=2.0 * params, bytes_moved=float(params * db), seconds=seconds,
+                         dtype=_name(dtype), device=str(dev),
+                         details={"num_products": len(linears), "num_params": params})
+
+
 # --------------------------------------------------------------------------- all of Lab 01
 
 

@@ -80,7 +80,7 @@ QUESTIONS = [
                   "token budget of 512, which fits every prompt in one chunk: the step that computes a "
                   "prompt also produces its first token. Before running that cell, predict the number of "
                   "engine steps with your `batch_steps`. Marked against the engine's count, within 5%.",
-            answer=lambda m: m["engine_steps_continuous"], unit="", rtol=0.05,
+            answer=lambda m: m["engine_steps_continuous"], unit="steps", rtol=0.05,
             needs=("engine_steps_continuous",), predict=True,
             example_measured={"engine_steps_continuous": 274},
             explanation="batch_steps([n for _, n in work], 8, \"continuous\") = 274, and the engine takes "

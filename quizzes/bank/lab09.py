@@ -1,9 +1,10 @@
 """Lab 09 quiz: serving. Every number comes from ``minillm.calc`` (imported in the answer
 functions) except the two predictions, each asked in a ``predict:`` cell before the
-measurement it is marked against: q12 (one request's unloaded latency, from the TTFT and ITL
-of section 1; ``quizzes.record(unloaded_latency_ms=...)``) and q3 (the knee of the load
-sweep, from the service rate; ``quizzes.record(knee_rate=...)``). No answer is printed by the
-lab: the numbers asked for differ from the ones its cells compute."""
+measurement it is marked against: q12 (one request's unloaded latency, from the median TTFT
+and ITL of section 1; ``quizzes.record(unloaded_latency_ms=...)``) and q3 (the completed rate
+of the load sweep at 1.5 μ, from the service rate;
+``quizzes.record(overload_completed_rate=...)``). No answer is printed by the lab: the numbers
+asked for differ from the ones its cells compute."""
 
 from quizzes.questions import Choice, Numeric, Option
 
@@ -55,16 +56,19 @@ QUESTIONS = [
             answer=_calc("queueing_latency_s", 0.5, 9, 10), unit="s", rtol=0.02,
             explanation="ρ = 9 / 10 = 0.9, so 0.5 / (1 − 0.9) = 5 s: ten times the unloaded latency. At "
                         "ρ = 0.5 it would be 1 s. The last 10% of capacity costs the most latency."),
-    Numeric("q3", "**Predict, then measure.** From the service rate μ you measured (section 4), predict "
-                  "the arrival rate at which this server's p99 latency blows up: the knee of the curve. "
-                  "It is marked against the knee the load sweep then measures (where p99 passes 1.5 × "
-                  "the full-batch time max_num_seqs / μ); within 20% counts as right.",
-            answer=lambda m: m["knee_rate"], unit="req/s", rtol=0.2, needs=("knee_rate",),
-            example_measured={"knee_rate": 4.0}, predict=True,
-            explanation="The queue grows without bound once λ > μ (ρ > 1): the knee sits at about μ. A batching "
-                        "server stays nearly flat until close to it (its slots absorb the bursts), then "
-                        "climbs steeply. 1 / (one request's latency) is the mistake: it ignores the batch, "
-                        "and predicts a knee max_num_seqs times too early."),
+    Numeric("q3", "**Predict, then measure.** The load sweep of section 5 ends at an arrival rate of 1.5 μ, "
+                  "sent for 8 seconds. From the service rate μ you measured (section 4), predict how many "
+                  "requests per second the server completes at that rate (from the first request sent to "
+                  "the last answer). It is marked against the completed rate the sweep measures; within "
+                  "20% counts as right.",
+            answer=lambda m: m["overload_completed_rate"], unit="req/s", rtol=0.2,
+            needs=("overload_completed_rate",), example_measured={"overload_completed_rate": 4.0},
+            predict=True,
+            explanation="About μ: past ρ = 1 every slot is always busy, so the server completes requests at its "
+                        "capacity and no faster; the other 0.5 μ per second join the queue, whose wait is "
+                        "the vertical part of the latency curve. Predicting 1.5 μ forgets that capacity is "
+                        "fixed; predicting 1 / (one request's latency) forgets the batch, and is "
+                        "max_num_seqs-fold too low. A little under μ is measured: the first batch ramps up."),
     Numeric("q4", "p99 of an M/M/1 queue with λ = 8 req/s and μ = 10 req/s, in seconds?",
             answer=_calc("mm1_latency_percentile", 8, 10, 99), unit="s", rtol=0.02,
             explanation="The time in system is exponential with rate μ − λ = 2/s, so p99 = ln(100) / 2 = "
@@ -136,17 +140,18 @@ QUESTIONS = [
             explanation="Each sequence holds ⌈70 / 16⌉ = 5 blocks = 80 slots for 70 tokens: 1 − 1680 / 1920 "
                         "= 0.125. Paging bounds the waste to each sequence's last block; a value that stays "
                         "high says the blocks are too big for the traffic, one that grows says blocks leak."),
-    Numeric("q12", "**Predict, then measure.** Section 1 streamed one answer and measured its TTFT and its "
-                   "mean gap between tokens (ITL). Section 4 times one request alone: a 32-token prompt and "
-                   "exactly 16 output tokens, not streamed. Predict its latency in ms from section 1's "
-                   "numbers with E2E = TTFT + (n − 1) · ITL, before the cell runs it. Within 20% counts "
-                   "as right.",
+    Numeric("q12", "**Predict, then measure.** Section 1 streamed three answers and printed their median "
+                   "TTFT and median gap between tokens (ITL). The cell after this question times one request "
+                   "alone: a 32-token prompt and exactly 16 output tokens, streamed. Predict its latency in "
+                   "ms from those medians with E2E = TTFT + (n − 1) · ITL, before the cell runs it. Within "
+                   "20% counts as right.",
             answer=lambda m: m["unloaded_latency_ms"], unit="ms", rtol=0.2,
             needs=("unloaded_latency_ms",), example_measured={"unloaded_latency_ms": 450.0},
             predict=True,
             explanation="TTFT + 15 × ITL: the prefill of a short prompt costs about what the first token of "
-                        "the stream did, and each later token one decode step. Streaming or not, the server "
-                        "does the same steps; only when the user sees the text changes."),
+                        "section 1's answers did (their prompts were of a similar length), and each later "
+                        "token one decode step. The medians matter: one request is one sample, and the "
+                        "first after start-up or a neighbour's burst can move it by a third."),
     Choice("q13", "The server sends 5 tokens per SSE event instead of 1 (after the first token, which goes "
                   "alone). What changes?",
            options=[

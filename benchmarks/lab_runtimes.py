@@ -1,0 +1,112 @@
+"""Run the solution notebooks top to bottom on this machine and record how long each took in
+``widgets/lab_runtimes.json``, which every lab's first cell prints (``widgets.lab_header``).
+
+    python benchmarks/lab_runtimes.py --record [--note "nothing else running"] [01 09 ...]
+    python benchmarks/lab_runtimes.py --inplace [01 09 ...]
+
+``--record`` times each lab (the executed copy goes to a temporary folder) and writes its
+seconds under the kind of device it ran on. Both modes print, for every lab, each kept
+prediction marked against the measurement of that run (a line from ``quizzes.show``), so
+that a prediction that fails on this machine is seen before anything is committed. ``--inplace`` saves the executed notebook over
+the solution, so that its outputs are this run's; it records nothing, because a lab's first
+cell prints the times recorded before it ran. Refreshing both is therefore two passes:
+``--record`` first, then ``--inplace``, on a quiet machine (every lab measures timings).
+
+Invariants: each lab runs in a fresh kernel with ``QUIZZES_ANSWERS=off`` (no answer is
+written into the outputs) and ``MINILLM_QUICK`` unset; a lab that raises stops the script
+with its error, and nothing of that lab is recorded or saved.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from minillm import devices  # noqa: E402
+from widgets.lab_header import RUNTIMES  # noqa: E402
+
+
+def solutions(names) -> list[Path]:
+    paths = sorted((ROOT / "solutions").glob("[0-9][0-9]-*.ipynb"))
+    if not names:
+        return paths
+    chosen = [p for p in paths if any(p.stem.startswith(n) for n in names)]
+    unknown = [n for n in names if not any(p.stem.startswith(n) for p in paths)]
+    if unknown:
+        raise SystemExit(f"no solution notebook starts with {unknown}; "
+                         f"choose from {[p.stem[:2] for p in paths]}")
+    return chosen
+
+
+# Appended to the run, then removed: each of the lab's predictions marked in the lab's kernel.
+MARK_CELL = """
+from quizzes import kept as _kept, predictions as _predictions, questions as _questions
+for _qid, _q in _questions.load_bank({bank!r}).questions.items():
+    if getattr(_q, "predict", False):
+        _entry = _kept.get(f"{bank}.{{_qid}}")
+        print(f"{bank}.{{_qid}}:", _predictions.mark_entry(f"{bank}.{{_qid}}", _entry).message
+              if _entry else "no prediction kept")
+"""
+
+
+def execute(path: Path, out: Path, timeout_s: int) -> tuple[float, str]:
+    """Run ``path`` in a fresh kernel and write the executed notebook to ``out``; return
+    (seconds taken, the lines marking its predictions)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(MARK_CELL.format(bank=f"lab{path.stem[:2]}")))
+    client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    t0 = time.perf_counter()
+    client.execute()
+    seconds = time.perf_counter() - t0
+    marks = "".join(o.get("text", "") for o in nb.cells.pop().outputs)
+    nbformat.write(nb, out)
+    return seconds, marks
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--record", action="store_true", help="time each lab; write lab_runtimes.json")
+    mode.add_argument("--inplace", action="store_true", help="save the executed notebooks over the solutions")
+    ap.add_argument("--note", default="", help="appended to the device name, e.g. 'nothing else running'")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
+    ap.add_argument("labs", nargs="*", help="lab numbers or names (default: all)")
+    args = ap.parse_args(argv)
+
+    os.environ["QUIZZES_ANSWERS"] = "off"
+    os.environ.pop("MINILLM_QUICK", None)
+    kind = "GPU" if devices.is_cuda(devices.default_device()) else "CPU"
+    name = devices.device_name(devices.default_device())
+    if kind == "CPU":
+        name = f"{name}, {torch.get_num_threads()} threads"
+    if args.note:
+        name = f"{name}, {args.note}"
+    table = json.loads(RUNTIMES.read_text(encoding="utf-8"))
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in solutions(args.labs):
+            out = path if args.inplace else Path(tmp) / path.name
+            seconds, marks = execute(path, out, args.timeout)
+            print(f"{path.stem}: {seconds:.0f} s on {name}\n{marks}", flush=True)
+            if args.record:
+                table.setdefault(path.stem, {"CPU": None, "GPU": None})[kind] = {
+                    "seconds": round(seconds), "device_name": name,
+                    "date": datetime.date.today().isoformat()}
+                RUNTIMES.write_text(json.dumps(table, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
