@@ -155,10 +155,12 @@ QUESTIONS = [
             needs=("decode_step_ms_batch8",), example_measured={"decode_step_ms_batch8": 45.0},
             predict=True,
             explanation="base + 8 × per_token (per_token = (t(32) − t(1)) / 31). A decode step "
-                        "is mostly one read of the weights, shared by every row, plus a small "
-                        "cost per row: the line between the two measured points lands within a "
-                        "few percent of the step in between. The straight line is also the "
-                        "step-time model Lab 05's simulator and this lab's designs run on."),
+                        "is mostly one read of the weights, shared by every row, plus a cost per "
+                        "row. On a CPU that cost grows once the products turn compute-bound (Lab "
+                        "01's table), so the line through the two measured points runs a little "
+                        "above the steps in between: the measurement cell prints the ratio here. "
+                        "The straight line is also the step-time model Lab 05's simulator and "
+                        "this lab's designs run on."),
     Numeric("q18", "**Predict, then measure.** Section 2 printed how many KV blocks of how many tokens "
                    "the engine gave this device's replica, and SmolLM2's shape (layers, KV heads, head "
                    "size, fp32). Predict the bytes its KV pool takes, in MB, before the cell that "
