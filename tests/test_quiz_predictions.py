@@ -417,6 +417,16 @@ def test_every_solution_prediction_was_kept_in_its_saved_run(path):
                                            "does not say the prediction was kept; re-run it and read its message")
 
 
+@pytest.mark.parametrize("path", LABS, ids=lambda p: p.stem)
+def test_no_quiz_answer_is_printed_by_any_solution_notebook(path):
+    """Issue 29: a question that is not a prediction is not answered by copying a value the
+    lab printed (Labs 09 and 10 had this test; every lab keeps it now)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from notebook_answers import printed_answers
+
+    assert printed_answers(path.name, f"lab{path.name[:2]}") == {}
+
+
 # ------------------------------------------------------------------ the real thing: JupyterLab keeps the Check
 
 
