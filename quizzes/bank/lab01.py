@@ -145,10 +145,11 @@ QUESTIONS = [
     Numeric(
         "q9",
         "**Predict, then measure.** Section 8 measured the bytes floor of a decode step and the cost "
-        "of a launch. `torch.compile` fuses the glue between the weight products, and the compiled "
-        "step issues a handful of launches instead of over a thousand. Predict the compiled "
-        "step's time in ms before the cell measures it, from its floors. Marked against the "
-        "measured compiled step, within 20%.",
+        "of a launch. `torch.compile` fuses the glue between the weight products. On a CPU the "
+        "compiled step issues a handful of launches instead of over a thousand (its generated "
+        "code calls the products itself); on a GPU it still launches each fused kernel, unless "
+        "a CUDA graph replays them. Predict the compiled step's time in ms before the cell "
+        "measures it, from its floors. Marked against the measured compiled step, within 20%.",
         answer=lambda m: m["compiled_step_ms"], unit="ms", rtol=0.2, predict=True,
         needs=("compiled_step_ms",), example_measured={"compiled_step_ms": 17.1},
         explanation="The bytes floor alone: a handful of launches add microseconds. E.g. 538 MB ÷ "
