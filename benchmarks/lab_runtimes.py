@@ -7,9 +7,10 @@
 ``--record`` times each lab (the executed copy goes to a temporary folder) and writes its
 seconds under the kind of device it ran on. Both modes print, for every lab, each kept
 prediction marked against the measurement of that run (a line from ``quizzes.show``), so
-that a prediction that fails on this machine is seen before anything is committed. ``--inplace`` saves the executed notebook over
-the solution, so that its outputs are this run's; it records nothing, because a lab's first
-cell prints the times recorded before it ran. Refreshing both is therefore two passes:
+that a prediction that fails on this machine is seen before anything is committed.
+``--inplace`` saves the executed notebook over the solution, so that its outputs are this
+run's; it records nothing, because a lab's first cell prints the times recorded before it
+ran. Refreshing both is therefore two passes:
 ``--record`` first, then ``--inplace``, on a quiet machine (every lab measures timings).
 
 Invariants: each lab runs in a fresh kernel with ``QUIZZES_ANSWERS=off`` (no answer is

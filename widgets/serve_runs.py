@@ -261,6 +261,11 @@ class Reply:
     error: str | None           # the error body's message, if any
 
 
+def _message(body: dict) -> str | None:
+    """The message of an OpenAI-style error body, {"error": {"message": ...}}."""
+    return (body.get("error") or {}).get("message")
+
+
 def burst(url: str, prompts, *, max_tokens: int = 16, stream: bool = False,
           timeout_s: float = 300.0) -> list:
     """Send one completion per prompt (str or token ids), all at the same moment
@@ -290,13 +295,13 @@ def burst(url: str, prompts, *, max_tokens: int = 16, stream: bool = False,
             r = client.post(target, json=body)
             data = r.json()
             if r.status_code != 200:
-                return r.status_code, r.headers.get("retry-after"), 0, (data.get("error") or {}).get("message")
+                return r.status_code, r.headers.get("retry-after"), 0, _message(data)
             return 200, None, data.get("usage", {}).get("completion_tokens", 0), None
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         with client.stream("POST", target, json=body) as r:
             if r.status_code != 200:
                 data = json.loads(r.read() or b"{}")
-                return r.status_code, r.headers.get("retry-after"), 0, (data.get("error") or {}).get("message")
+                return r.status_code, r.headers.get("retry-after"), 0, _message(data)
             tokens = 0
             for event in iter_events(r.iter_lines()):
                 if isinstance(event, dict) and event.get("usage"):

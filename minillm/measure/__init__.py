@@ -50,7 +50,8 @@ from .steps import (DEFAULT_BATCH_SIZES, matmul_params, measure_decode_steps,
 
 __all__ = [
     "OpMeasurement", "DEFAULT_BATCH_SIZES", "matmul_params", "measure_decode_steps",
-    "measure_prefill", "measure_weight_stream", "measure_matmul", "measure_matvec", "measure_attention_decode",
+    "measure_prefill", "measure_weight_stream", "measure_matmul", "measure_matvec",
+    "measure_attention_decode",
     "measure_operations", "roofline_fraction", "format_table", "attention_peak_growth",
     "check_same_device", "LaunchWall", "measure_launch_cost", "count_step_ops",
     "measure_launch_wall", "decode_bandwidth", "StepProfile", "profile_decode_step",
