@@ -30,33 +30,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
 from minillm import devices  # noqa: E402
+from gpu_check_labs import notebooks  # noqa: E402
 from widgets.lab_header import RUNTIMES  # noqa: E402
-
-
-def solutions(names) -> list[Path]:
-    paths = sorted((ROOT / "solutions").glob("[0-9][0-9]-*.ipynb"))
-    if not names:
-        return paths
-    chosen = [p for p in paths if any(p.stem.startswith(n) for n in names)]
-    unknown = [n for n in names if not any(p.stem.startswith(n) for p in paths)]
-    if unknown:
-        raise SystemExit(f"no solution notebook starts with {unknown}; "
-                         f"choose from {[p.stem[:2] for p in paths]}")
-    return chosen
 
 
 # Appended to the run, then removed: each of the lab's predictions marked in the lab's kernel.
 MARK_CELL = """
-from quizzes import kept as _kept, predictions as _predictions, questions as _questions
+from quizzes import predictions as _predictions, questions as _questions
 for _qid, _q in _questions.load_bank({bank!r}).questions.items():
     if getattr(_q, "predict", False):
-        _entry = _kept.get(f"{bank}.{{_qid}}")
-        print(f"{bank}.{{_qid}}:", _predictions.mark_entry(f"{bank}.{{_qid}}", _entry).message
-              if _entry else "no prediction kept")
+        print(f"{bank}.{{_qid}}:", _predictions.mark_prediction(f"{bank}.{{_qid}}").message)
 """
 
 
@@ -87,6 +75,10 @@ def main(argv=None) -> None:
     ap.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
     ap.add_argument("labs", nargs="*", help="lab numbers or names (default: all)")
     args = ap.parse_args(argv)
+    try:
+        labs = notebooks(args.labs)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
 
     os.environ["QUIZZES_ANSWERS"] = "off"
     os.environ.pop("MINILLM_QUICK", None)
@@ -98,7 +90,7 @@ def main(argv=None) -> None:
         name = f"{name}, {args.note}"
     table = json.loads(RUNTIMES.read_text(encoding="utf-8"))
     with tempfile.TemporaryDirectory() as tmp:
-        for path in solutions(args.labs):
+        for path in labs:
             out = path if args.inplace else Path(tmp) / path.name
             seconds, marks = execute(path, out, args.timeout)
             print(f"{path.stem}: {seconds:.0f} s on {name}\n{marks}", flush=True)

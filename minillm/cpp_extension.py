@@ -230,9 +230,11 @@ def main() -> None:
         print(f"  {line}")
     # The ranks of a minillm.dist world run fewer threads each (Lab 08), and a selection is
     # measured per thread count: measure theirs now too, one process, quietly.
+    from .dist.launch import default_threads_per_rank
+
     own = torch.get_num_threads()
     for world in (2, 4):
-        threads = max(1, (os.cpu_count() or 1) // world)
+        threads = default_threads_per_rank(world)
         if threads == own:
             continue
         torch.set_num_threads(threads)

@@ -128,6 +128,12 @@ def groups(isas: tuple[str, ...] | None = None) -> list[Group]:
     return [g for kernel in sorted(TUNERS) for g in TUNERS[kernel][1](isas)]
 
 
+def candidates(builds: tuple[str, ...], default: str, isas: tuple[str, ...]) -> tuple[str, ...]:
+    """A group's `variants`: `default` first, then the other `builds` a CPU that runs
+    `isas` can run."""
+    return (default,) + tuple(b for b in builds if b in isas and b != default)
+
+
 def forced_variant(variants: tuple[str, ...], isa: str) -> str:
     """The build that MINILLM_CPU_KERNEL=<isa> runs for a kernel with `variants`: the widest
     one not wider than `isa` (a kernel without such a build runs its narrowest)."""

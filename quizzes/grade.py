@@ -50,8 +50,8 @@ from pathlib import Path
 import nbformat
 
 from . import kept
-from .quiz_grading import (add_measured_cell, asked_questions, load_ledger, merged_answers, quiz_rows, save_ledger,
-                           submitted_answers)
+from .quiz_grading import (add_measured_cell, asked_questions, load_ledger, merged_answers, quiz_rows,
+                           record_in_ledger, save_ledger, submitted_answers)
 from .release import Layout, layout
 from .scores import CSV_FIELDS, Outcome, Row, summary, write_details, write_feedback, write_scores
 from .submissions import assemble, find_submissions, match_release, student_exercises, student_name
@@ -257,7 +257,7 @@ def grade_all(submissions: Path, release_dir: Path, out_dir: Path, timeout: floa
         rows.extend(outcome.rows)
         write_feedback(Path(path_str), root, out_dir, outcome)
         if outcome.key and outcome.answers:
-            ledger[outcome.key] = {**ledger.get(outcome.key, {}), **outcome.answers}
+            record_in_ledger(ledger, outcome.key, outcome.answers)
     write_scores(rows, out_dir / "scores.csv")
     write_details(rows, out_dir / "details.csv")
     save_ledger(out_dir, ledger)

@@ -61,7 +61,9 @@ def _measured_already(q: Numeric) -> bool:
     return bool(q.needs) and all(k in questions.measured for k in q.needs)
 
 
-def _shown(q: Numeric, entry_answer: Mapping) -> str:
+def _shown(q, entry_answer: Mapping) -> str:
+    """A kept answer as shown: a number in the question's unit, else its text (Choice answers
+    are kept with no value)."""
     value = entry_answer.get("value")
     return format_quantity(value, q.unit) if isinstance(value, (int, float)) else str(entry_answer.get("text", ""))
 
@@ -161,12 +163,8 @@ def answer(qid: str, value: Any, measured_values: Mapping[str, float] | None = N
     entry, event = got
     message = result.message
     if event == "changed" and not (isinstance(q, Numeric) and q.predict):
-        message += f" (Your first answer, {_shown_any(q, entry['first'])}, is the one graded.)"
+        message += f" (Your first answer, {_shown(q, entry['first'])}, is the one graded.)"
     return replace(result, message=message, metadata=kept.metadata({qid: entry}))
-
-
-def _shown_any(q, entry_answer: Mapping) -> str:
-    return _shown(q, entry_answer) if isinstance(q, Numeric) else str(entry_answer.get("text", ""))
 
 
 # ----------------------------------------------------------------------- marking a kept first answer
@@ -200,7 +198,7 @@ def mark_entry(qid: str, entry: Mapping | None, measured_values: Mapping[str, fl
     shown_target = format_quantity(target, q.unit)
     msg = (f"{'✓' if ok else '✗'} You predicted {format_quantity(x, q.unit)}; your measurement gives {shown_target}: "
            f"{off:+.0%} off, {'within' if ok else 'outside'} the {q.rtol:.0%} allowed: {'right' if ok else 'wrong'}.")
-    if int(entry.get("changes", 0)) and not kept.same_answer(first, entry["latest"]):
+    if not kept.same_answer(first, entry["latest"]):
         msg += f" (You later changed it to {_shown(q, entry['latest'])}; the first prediction is the one marked.)"
     if first.get("after_measurement"):
         msg += " (Given after the measurement, so it is not scored as a prediction.)"

@@ -32,7 +32,7 @@ from .release import _is_predict_call, predict_tags
 from .scores import Row
 
 __all__ = ["asked_questions", "submitted_answers", "add_measured_cell", "quiz_rows", "load_ledger", "save_ledger",
-           "merged_answers", "GRADER_CELL"]
+           "merged_answers", "record_in_ledger", "GRADER_CELL"]
 
 GRADER_CELL = ("# Added by the grader: what this run measured, to mark the predictions against.\n"
                "import quizzes, quizzes.kept\n"
@@ -153,12 +153,23 @@ def load_ledger(out_dir: Path) -> dict[str, dict[str, dict]]:
     return data if isinstance(data, dict) else {}
 
 
+def record_in_ledger(ledger: dict, key: str, answers: Mapping[str, dict]) -> None:
+    """Merge a graded submission's `answers` into `ledger[key]` question by question. Two
+    submissions of one student and lab graded in one batch were each merged with the ledger
+    as it was before the batch; merging again here keeps the earlier first answer whichever
+    is written last."""
+    earlier = ledger.get(key, {})
+    ledger[key] = merged_answers(earlier, answers, sorted(set(earlier) | set(answers)))
+
+
 def save_ledger(out_dir: Path, ledger: Mapping[str, Mapping[str, dict]]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / LEDGER).write_text(json.dumps(ledger, indent=1, sort_keys=True), encoding="utf-8")
 
 
 def merged_answers(earlier: Mapping[str, dict], submitted: Mapping[str, dict], qids: list[str]) -> dict[str, dict]:
+    """{qid: one entry} for `qids` from two records of a student's answers, the earliest
+    first answer of each winning (`kept.merge`)."""
     out = {}
     for qid in qids:
         entry = kept.merge(earlier.get(qid), submitted.get(qid))

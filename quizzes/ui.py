@@ -179,7 +179,7 @@ def kept_view(ids: list[str]):
         parts = []
         for qid, e in got.items():
             part = f"{qid.split('.', 1)[1]}: {e['first']['text']}"
-            if int(e.get("changes", 0)) and not kept.same_answer(e["first"], e["latest"]):
+            if not kept.same_answer(e["first"], e["latest"]):
                 part += f" (then {e['latest']['text']})"
             parts.append(part)
         text = "Kept for grading (your first answer to each question): " + "; ".join(parts)

@@ -16,18 +16,18 @@ spec.loader.exec_module(lab_runtimes)
 
 
 def test_labs_are_chosen_by_number_or_name_and_an_unknown_one_is_named():
-    assert [p.stem for p in lab_runtimes.solutions(["09"])] == ["09-serving"]
-    assert [p.stem for p in lab_runtimes.solutions(["01-roofline", "05"])] == ["01-roofline",
-                                                                              "05-continuous-batching"]
-    assert len(lab_runtimes.solutions([])) == 10
-    with pytest.raises(SystemExit, match=r"no solution notebook starts with \['99'\]"):
-        lab_runtimes.solutions(["99"])
+    assert [p.stem for p in lab_runtimes.notebooks(["09"])] == ["09-serving"]
+    assert [p.stem for p in lab_runtimes.notebooks(["01-roofline", "05"])] == ["01-roofline",
+                                                                               "05-continuous-batching"]
+    assert len(lab_runtimes.notebooks([])) == 10
+    with pytest.raises(ValueError, match=r"no solution notebook '99'"):
+        lab_runtimes.notebooks(["99"])
 
 
 @pytest.mark.slow
 def test_execute_marks_the_kept_predictions_and_saves_without_the_mark_cell(tmp_path, monkeypatch):
     """A two-cell notebook that predicts lab09.q12 and records its measurement: execute()
-    returns the mark of that prediction (and says the other one was not kept), and the saved
+    returns the mark of that prediction (and that the other one was not given), and the saved
     notebook has the two cells only."""
     monkeypatch.setenv("QUIZZES_ANSWERS", "off")
     nb = nbformat.v4.new_notebook()
@@ -39,6 +39,6 @@ def test_execute_marks_the_kept_predictions_and_saves_without_the_mark_cell(tmp_
     seconds, marks = lab_runtimes.execute(path, out, timeout_s=120)
     assert seconds > 0
     assert "lab09.q12: ✓ You predicted 500 ms; your measurement gives 550 ms" in marks
-    assert "lab09.q3: no prediction kept" in marks
+    assert "lab09.q3: No answer was given." in marks
     saved = json.loads(out.read_text())
     assert len(saved["cells"]) == 2 and "Prediction kept" in json.dumps(saved["cells"][0]["outputs"])

@@ -197,6 +197,25 @@ def test_records_merge_earliest_first():
     assert kept.records_in_notebook(nb)["x.q1"]["first"]["text"] == "1"
 
 
+def test_two_submissions_in_one_batch_keep_the_earlier_first_answer():
+    """grade_all merges each submission with the ledger as it was before the batch; writing
+    both into the ledger must keep the earlier first answer, in either order."""
+    from quizzes.quiz_grading import record_in_ledger
+
+    early = {"qid": "x.q1", "kind": "answer", "first": {"text": "1", "value": 1.0, "at": 10.0},
+             "latest": {"text": "1", "value": 1.0, "at": 10.0}, "changes": 0}
+    late = {"qid": "x.q1", "kind": "answer", "first": {"text": "2", "value": 2.0, "at": 20.0},
+            "latest": {"text": "2", "value": 2.0, "at": 20.0}, "changes": 0}
+    other = {**early, "qid": "x.q2"}
+    for order in (({"x.q1": early, "x.q2": other}, {"x.q1": late}), ({"x.q1": late}, {"x.q1": early, "x.q2": other})):
+        ledger = {}
+        for answers in order:
+            record_in_ledger(ledger, "ann|01-roofline", answers)
+        entry = ledger["ann|01-roofline"]
+        assert entry["x.q1"]["first"]["text"] == "1" and entry["x.q1"]["latest"]["text"] == "2"
+        assert entry["x.q2"]["first"]["text"] == "1"  # a question only one submission answered stays
+
+
 # ------------------------------------------------------------------ a real kernel
 
 

@@ -151,6 +151,12 @@ def test_the_manifest_probes_the_servers_own_routes():
     container = dep["spec"]["template"]["spec"]["containers"][0]
     assert container["ports"][0]["containerPort"] == 8123
     assert "--port" in container["args"] and "8123" in container["args"]
+    tuned = k8s.deployment(ServeConfig(block_size=32, stream_tokens_per_event=5))
+    tuned_args = tuned["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert tuned_args[4:6] == ["--host", "0.0.0.0"]
+    assert tuned_args[6:] == ServeConfig(block_size=32, stream_tokens_per_event=5).cli_args()  # every option
+    flags = dict(zip(tuned_args[6::2], tuned_args[7::2]))
+    assert flags["--block-size"] == "32" and flags["--stream-tokens-per-event"] == "5"
     startup = container["startupProbe"]
     assert startup["failureThreshold"] * startup["periodSeconds"] >= 300
     assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > config.drain_timeout_s

@@ -30,11 +30,11 @@ import numpy as np
 
 from minillm import calc
 
+from .batching_sim import _TOKEN  # the one simulator's sampled token: one replica matches it
 from .serving_sim import StepModel
 
 __all__ = ["piecewise_poisson", "FleetResult", "simulate_fleet", "draw_fleet"]
 
-_TOKEN = 5  # the token every simulated step "samples" (not a stop token)
 
 
 def piecewise_poisson(phases, seed: int = 0) -> list[float]:

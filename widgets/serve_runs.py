@@ -245,7 +245,7 @@ def probe(url: str, path: str) -> tuple[int, str]:
 
     r = httpx.get(_url(url) + path, timeout=10)
     data = r.json()
-    return r.status_code, data.get("status") or (data.get("error") or {}).get("message", "")
+    return r.status_code, data.get("status") or _message(data) or ""
 
 
 # --------------------------------------------------------------------------- a burst

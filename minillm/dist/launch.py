@@ -127,6 +127,12 @@ def _rank_main(rank, fn, world_size, port, backend, threads, results, timeout_s,
     tdist.destroy_process_group()
 
 
+def default_threads_per_rank(world_size: int) -> int:
+    """The torch/OpenMP threads each rank runs unless `launch` is told: the cores divided
+    among the ranks (at least one)."""
+    return max(1, (os.cpu_count() or 1) // world_size)
+
+
 def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: float = 300.0,
            port: int | None = None, threads_per_rank: int | None = None, **kwargs):
     """Run `fn(rank, world_size, *args, **kwargs)` on `world_size` ranks; return rank 0's
@@ -151,7 +157,7 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
         port = free_port()
     else:
         check_port_free(port)
-    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
+    threads = threads_per_rank or default_threads_per_rank(world_size)
     spawn = mp.get_context("spawn")
     results = spawn.Queue()
     context = mp.start_processes(
@@ -237,8 +243,8 @@ def init_from_env(tp_size: int) -> tuple[int, int]:
     if addr not in (LOOPBACK, "localhost"):
         raise ValueError(f"MASTER_ADDR is {addr!r}; minillm only runs on one machine over "
                          f"{LOOPBACK} (torchrun --master-addr {LOOPBACK})")
-    _loopback_env(int(os.environ.get("MASTER_PORT", "29500")), max(
-        1, (os.cpu_count() or 1) // world_size))
+    _loopback_env(int(os.environ.get("MASTER_PORT", "29500")),
+                  default_threads_per_rank(world_size))
     backend = default_backend(world_size)
     tdist.init_process_group(backend, rank=rank, world_size=world_size)
     if backend == "nccl":

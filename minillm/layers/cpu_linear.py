@@ -140,7 +140,7 @@ _BUCKET_ROWS = {"1": (1,), "2-4": (2, 4), "5-8": (5, 8), "9-16": (9, 16)}
 def groups(isas: tuple[str, ...]) -> list[cpu_select.Group]:
     """The selection's groups for this kernel on a CPU that runs `isas`."""
     out, default = [], default_variant(isas)
-    variants = tuple([default] + [b for b in BUILDS if b in isas and b != default])
+    variants = cpu_select.candidates(BUILDS, default, isas)
     for dtype in KERNEL_DTYPES:
         for width, shapes in _SHAPES.items():
             out.append(cpu_select.Group("small_m_linear", f"{_dtype_name(dtype)} {width}",

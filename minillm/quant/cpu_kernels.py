@@ -108,7 +108,7 @@ _BUCKET_ROWS = {"1": 1, "2-4": 4, "5-8": 8, "9-16": 16}
 def groups(isas: tuple[str, ...]) -> list[cpu_select.Group]:
     """The selection's groups for this kernel on a CPU that runs `isas`."""
     default = default_variant(isas)
-    variants = tuple([default] + [b for b in BUILDS if b in isas and b != default])
+    variants = cpu_select.candidates(BUILDS, default, isas)
     return [cpu_select.Group("quant_linear", f"w{bits}", cpu_select.ROW_BUCKETS, variants,
                              "blas", _workload(bits)) for bits in (4, 8)]
 

@@ -179,7 +179,7 @@ def create_app(engine, tokenizer, config: ServeConfig | None = None) -> FastAPI:
                     break
                 h = held[d.index]
                 h.add(d.text, d.token_ids)
-                due = h.num_tokens >= (per_event if h.sent_any else 1)
+                due = len(h.token_ids) >= (per_event if h.sent_any else 1)
                 if (due or d.finish_reason is not None) and h.has_content(shape.req.return_token_ids):
                     yield format_event(shape.chunk(d.index, h.text, h.token_ids))
                     h.sent()
@@ -200,18 +200,17 @@ class _Held:
     """The text and tokens of one choice not yet sent (SSE buffering)."""
 
     def __init__(self):
-        self.text, self.token_ids, self.num_tokens, self.sent_any = "", [], 0, False
+        self.text, self.token_ids, self.sent_any = "", [], False
 
     def add(self, text: str, token_ids: list[int]) -> None:
         self.text += text
         self.token_ids += token_ids
-        self.num_tokens += len(token_ids)
 
     def has_content(self, with_ids: bool) -> bool:
         return bool(self.text or (with_ids and self.token_ids))
 
     def sent(self) -> None:
-        self.text, self.token_ids, self.num_tokens, self.sent_any = "", [], 0, True
+        self.text, self.token_ids, self.sent_any = "", [], True
 
 
 class _Shape:

@@ -78,6 +78,20 @@ class ServeConfig:
         return {"device": self.device,
                 "dtype": None if self.dtype is None else getattr(torch, self.dtype)}
 
+    def cli_args(self) -> list[str]:
+        """`python -m minillm serve`'s flags for this config's options (all but host and
+        model_name; None leaves the server's default), e.g. ["--port", "8000", ...]: what a
+        child process (`ServerProcess`) or a Kubernetes container (`k8s.deployment`) runs."""
+        args = []
+        for name in ("port", "max_num_seqs", "max_queue_len", "num_blocks", "block_size",
+                     "max_num_batched_tokens", "drain_timeout_s", "health_timeout_s",
+                     "default_max_tokens", "max_n", "retry_after_s", "stream_tokens_per_event",
+                     "stall_timeout_s", "device", "dtype"):
+            value = getattr(self, name)
+            if value is not None:
+                args += ["--" + name.removesuffix("_s").replace("_", "-"), str(value)]
+        return args
+
     def engine_options(self) -> dict:
         """The EngineConfig options this config carries."""
         return {"max_num_seqs": self.max_num_seqs, "num_blocks": self.num_blocks,

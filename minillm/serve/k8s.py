@@ -38,13 +38,7 @@ def deployment(config: ServeConfig | None = None, *, name: str = "minillm",
                gpu: bool = False) -> dict:
     """An apps/v1 Deployment running `python -m minillm serve` with `config`'s options."""
     c = config or ServeConfig()
-    args = ["python", "-m", "minillm", "serve", "--host", "0.0.0.0", "--port", str(c.port),
-            "--max-num-seqs", str(c.max_num_seqs), "--max-queue-len", str(c.max_queue_len),
-            "--drain-timeout", f"{c.drain_timeout_s:g}", "--stall-timeout", f"{c.stall_timeout_s:g}"]
-    if c.device:
-        args += ["--device", c.device]
-    if c.dtype:
-        args += ["--dtype", c.dtype]
+    args = ["python", "-m", "minillm", "serve", "--host", "0.0.0.0", *c.cli_args()]
 
     def probe(path: str, period: int, failures: int) -> dict:
         return {"httpGet": {"path": path, "port": c.port}, "periodSeconds": period,

@@ -61,7 +61,7 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.config.port}"
         self._log = tempfile.NamedTemporaryFile("w+b", prefix="minillm-serve-", suffix=".log",
                                                 delete=False)
-        cmd = [sys.executable, "-m", "minillm", "serve", *self._args()]
+        cmd = [sys.executable, "-m", "minillm", "serve", *self.config.cli_args()]
         child_env = {**os.environ, **(env or {})}
         child_env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
@@ -74,18 +74,6 @@ class ServerProcess:
         except BaseException:
             self.stop(_signal.SIGKILL, 5)
             raise
-
-    def _args(self) -> list[str]:
-        c, args = self.config, []
-        for name in ("port", "max_num_seqs", "max_queue_len", "num_blocks", "block_size",
-                     "max_num_batched_tokens", "drain_timeout_s", "health_timeout_s",
-                     "default_max_tokens", "max_n", "retry_after_s", "stream_tokens_per_event",
-                     "stall_timeout_s", "device", "dtype"):
-            value = getattr(c, name)
-            if value is not None:
-                flag = "--" + name.removesuffix("_s").replace("_", "-")
-                args += [flag, str(value)]
-        return args
 
     @property
     def pid(self) -> int:

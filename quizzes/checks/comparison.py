@@ -19,7 +19,7 @@ the reverse.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -55,14 +55,15 @@ def _shape_hint(got: tuple[int, ...], want: tuple[int, ...]) -> str:
 
 
 def compare(yours: Any, reference: Any, what: str = "output", *, atol: float = 1e-5, rtol: float = 1e-5,
-            check_dtype: bool = True, show: bool = False) -> None:
+            check_dtype: bool = True, show: bool = False, inputs: Sequence[tuple[str, Any]] = ()) -> None:
     """Raise _Difference (turned into CheckFailed by the runner) if ``yours`` differs.
 
     Tensors and arrays: type, shape, dtype, device, then values (integers and
     booleans exactly; floats with |yours - ref| <= atol + rtol * |ref|, NaN only
     where the reference has NaN). Tuples, lists and dicts are compared item by
     item. ``show=True`` adds a text view of yours vs reference around the first
-    mismatch (see ``show_mismatch``).
+    mismatch (see ``show_mismatch``). ``inputs`` (the function's (name, value) arguments)
+    lets the diagnosis name a difference equal to one of them: a missing or extra term.
     """
     if isinstance(reference, (tuple, list)):
         if not isinstance(yours, (tuple, list)):
@@ -71,7 +72,7 @@ def compare(yours: Any, reference: Any, what: str = "output", *, atol: float = 1
         if len(yours) != len(reference):
             raise _Difference(f"{what}: expected {len(reference)} items, got {len(yours)}.")
         for i, (y, r) in enumerate(zip(yours, reference)):
-            compare(y, r, f"{what}[{i}]", atol=atol, rtol=rtol, check_dtype=check_dtype, show=show)
+            compare(y, r, f"{what}[{i}]", atol=atol, rtol=rtol, check_dtype=check_dtype, show=show, inputs=inputs)
         return
     if isinstance(reference, dict):
         if not isinstance(yours, dict):
@@ -81,7 +82,7 @@ def compare(yours: Any, reference: Any, what: str = "output", *, atol: float = 1
             raise _Difference(f"{what}: keys differ (missing {missing}, unexpected {extra}).")
         for k in reference:
             compare(yours[k], reference[k], f"{what}[{k!r}]", atol=atol, rtol=rtol, check_dtype=check_dtype,
-                    show=show)
+                    show=show, inputs=inputs)
         return
     ref_is_array = _is_tensor(reference) or isinstance(reference, np.ndarray)
     if not ref_is_array:
@@ -125,7 +126,7 @@ def compare(yours: Any, reference: Any, what: str = "output", *, atol: float = 1
         lines.append(f"  {tolerance}")
     if show:
         lines.append(show_mismatch(yours, reference, atol=atol, rtol=rtol).text())
-    raise _Difference("\n".join(lines), diagnose(yours, reference))
+    raise _Difference("\n".join(lines), diagnose(yours, reference, inputs))
 
 
 def _compare_scalar(yours: Any, reference: Any, what: str, atol: float, rtol: float) -> None:

@@ -52,7 +52,6 @@ from typing import Any, Callable
 import numpy as np
 
 from .comparison import _Difference, compare
-from .diagnosis import diagnose
 from .values import describe
 
 __all__ = [
@@ -175,14 +174,7 @@ class Case:
             raise _Difference(msg) from None
 
     def compare(self, yours: Any, reference: Any, what: str = "output", **kw: Any) -> None:
-        try:
-            compare(yours, reference, what, **kw)
-        except _Difference as diff:
-            if not diff.diagnosis:  # a difference equal to one of the inputs: a missing or extra term
-                found = diagnose(yours, reference, self.arguments)
-                if found:
-                    diff.diagnosis = found
-            raise
+        compare(yours, reference, what, inputs=self.arguments, **kw)
 
     def expect(self, condition: bool, message: str) -> None:
         """Fail with ``message`` (which should say what is wrong and what to do) unless condition."""
