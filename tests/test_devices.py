@@ -172,7 +172,6 @@ def test_cli_device_flag_refuses_a_missing_gpu_in_one_line(command):
 
 def test_serve_config_device_and_dtype():
     from minillm.serve.config import ServeConfig
-    from minillm.serve.process import ServerProcess
 
     c = ServeConfig(device="cuda:1", dtype="bfloat16")
     assert c.load_options() == {"device": "cuda:1", "dtype": torch.bfloat16}
@@ -181,5 +180,5 @@ def test_serve_config_device_and_dtype():
         ServeConfig(device="gpu0")
     with pytest.raises(ValueError, match="ServeConfig.dtype must be one of"):
         ServeConfig(dtype="fp32")
-    args = ServerProcess._args(type("P", (), {"config": c})())
+    args = c.cli_args()  # what ServerProcess starts the child with
     assert args[args.index("--device") + 1] == "cuda:1" and "--dtype" in args
