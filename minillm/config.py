@@ -52,16 +52,15 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     def num_params(self, include_embedding: bool = True) -> int:
-        """Parameter count. Tied embeddings are counted once."""
-        d, f = self.hidden_size, self.intermediate_size
-        attn = d * (self.q_size + 2 * self.kv_size) + self.q_size * d
-        mlp = 3 * d * f
-        per_layer = attn + mlp + 2 * d
-        total = self.num_layers * per_layer + d  # + final norm
+        """Parameter count (`minillm.calc`'s formula, piece by piece). Tied embeddings are
+        counted once."""
+        from . import calc
+        d, L = self.hidden_size, self.num_layers
+        layer = (calc.attention_params(d, self.num_heads, self.num_kv_heads, self.head_dim)
+                 + calc.swiglu_params(d, self.intermediate_size))
+        total = L * layer + calc.norm_params(d, L)
         if include_embedding:
-            total += self.vocab_size * d
-            if not self.tie_word_embeddings:
-                total += self.vocab_size * d
+            total += calc.embedding_params(self.vocab_size, d, self.tie_word_embeddings)
         return total
 
     def kv_bytes_per_token(self, dtype_bytes: float = 4) -> float:

@@ -19,7 +19,8 @@ import re
 from typing import Any, Mapping, Protocol
 
 from .result import Result
-from .units import Quantity, UnitError, format_quantity, parse_quantity, parse_unit
+from .units import (BINARY_SLIPS, DECIMAL_SLIPS, Quantity, UnitError, format_quantity,
+                    parse_quantity, parse_unit)
 
 
 class NumericQuestion(Protocol):
@@ -140,19 +141,18 @@ def _unit_word(dim: str) -> str:
 def _unit_hint(x: float, target: float, q: NumericQuestion, want_dim: str) -> str:
     if x == 0 or target == 0:
         return ""
-    for k in (1, 2, 3, 4, -1, -2, -3, -4):
-        scale = 1000.0**k
-        if _close(x / scale, target, q):
-            word = {1: "10³", 2: "10⁶", 3: "10⁹", 4: "10¹²"}[abs(k)]
-            direction = "too large" if k > 0 else "too small"
-            return (f"your {format_quantity(x)} is {word} times {direction} for an answer in {q.unit or 'plain numbers'}. "
-                    f"Did you mean {format_quantity(x / scale, q.unit)}?")
+    for larger in (True, False):
+        for factor, word in DECIMAL_SLIPS.items():
+            scale = factor if larger else 1 / factor
+            if _close(x / scale, target, q):
+                direction = "too large" if larger else "too small"
+                return (f"your {format_quantity(x)} is {word} times {direction} for an answer in {q.unit or 'plain numbers'}. "
+                        f"Did you mean {format_quantity(x / scale, q.unit)}?")
     if want_dim in ("B", "B/s"):
-        for n in (1, 2, 3, 4):
-            r = (1024.0 / 1000.0) ** n
+        for r, word in BINARY_SLIPS.items():
             if _close(x * r, target, q) or _close(x / r, target, q):
-                return ("the number is off by a power of 1024/1000: did you mix GiB (2³⁰ bytes) "
-                        "and GB (10⁹ bytes)? This course uses GB = 10⁹ bytes.")
+                return (f"the number is off by a power of 1024/1000: {word}? This course uses "
+                        f"GB = 10⁹ bytes.")
     if want_dim == "%" and _close(x * 100, target, q):
         return f"answer in percent: did you mean {format_quantity(x * 100, '%')}?"
     if want_dim in ("", "x") and _close(x / 100, target, q):

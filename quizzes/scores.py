@@ -95,13 +95,22 @@ def write_scores(rows: list[Row], path: Path) -> None:
             if rs[0].status in ("unreadable", "unmatched"):
                 w.writerow({**line, "status": rs[0].status})
                 continue
-            ex = [r for r in rs if not r.is_question]
-            qs = [r for r in rs if r.is_question]
-            line.update(status="graded", total=_g(sum(r.points for r in rs)), max_total=_g(sum(r.max_points for r in rs)),
-                        exercises=_g(sum(r.points for r in ex)), exercises_max=_g(sum(r.max_points for r in ex)),
-                        quiz=_g(sum(r.points for r in qs)), quiz_max=_g(sum(r.max_points for r in qs)))
+            ex, qs = _split(rs)
+            (ep, em), (qp, qm) = _points(ex), _points(qs)
+            line.update(status="graded", total=_g(ep + qp), max_total=_g(em + qm),
+                        exercises=_g(ep), exercises_max=_g(em), quiz=_g(qp), quiz_max=_g(qm))
             line.update({r.exercise: _g(r.points) for r in rs})
             w.writerow(line)
+
+
+def _split(rows: list[Row]) -> tuple[list[Row], list[Row]]:
+    """(exercise rows, quiz-question rows), each in order."""
+    return [r for r in rows if not r.is_question], [r for r in rows if r.is_question]
+
+
+def _points(rows: list[Row]) -> tuple[float, float]:
+    """(points scored, points possible) over `rows`."""
+    return sum(r.points for r in rows), sum(r.max_points for r in rows)
 
 
 def _safe(text: str) -> str:
@@ -118,14 +127,13 @@ def write_feedback(path: Path, root: Path, out_dir: Path, outcome: Outcome) -> N
     if outcome.graded is not None:
         nbformat.write(outcome.graded, dest / f"{stem}.graded.ipynb")
     lines = [f"{r0.submission} ({r0.notebook})"]
-    exercises = [r for r in outcome.rows if not r.is_question]
-    quiz = [r for r in outcome.rows if r.is_question]
-    lines.append(f"score: {sum(r.points for r in exercises):g} / {sum(r.max_points for r in exercises):g}")
+    exercises, quiz = _split(outcome.rows)
+    lines.append("score: {:g} / {:g}".format(*_points(exercises)))
     for r in exercises:
         lines.append(f"- {r.exercise}: {r.points:g}/{r.max_points:g} {r.status}" + (f" — {r.detail}" if r.detail else ""))
     if quiz:
-        lines.append(f"quiz: {sum(r.points for r in quiz):g} / {sum(r.max_points for r in quiz):g} "
-                     "(your first answer to each question)")
+        lines.append("quiz: {:g} / {:g} (your first answer to each question)".format(
+            *_points(quiz)))
         for r in quiz:
             lines.append(f"- {r.exercise}: {r.points:g}/{r.max_points:g} {r.status}" + (f" — {r.detail}" if r.detail else ""))
     lines += [f"  note: {n}" for n in outcome.notes]
@@ -143,10 +151,9 @@ def summary(rows: list[Row]) -> str:
         if rs[0].status in ("unreadable", "unmatched"):
             out.append(f"{sub:<{width}}  {rs[0].notebook:<16} {'-':>9} {'-':>7}  {rs[0].status}: {rs[0].detail[:80]}")
             continue
-        ex = [r for r in rs if not r.is_question]
-        qs = [r for r in rs if r.is_question]
-        score = f"{sum(r.points for r in ex):g}/{sum(r.max_points for r in ex):g}"
-        quiz = f"{sum(r.points for r in qs):g}/{sum(r.max_points for r in qs):g}" if qs else "-"
+        ex, qs = _split(rs)
+        score = "{:g}/{:g}".format(*_points(ex))
+        quiz = "{:g}/{:g}".format(*_points(qs)) if qs else "-"
         parts = [f"{r.exercise} {mark.get(r.status, '✗')}" + ("" if r.status == "pass" else f" ({r.status})")
                  for r in ex]
         out.append(f"{sub:<{width}}  {rs[0].notebook:<16} {score:>9} {quiz:>7}  " + ", ".join(parts))

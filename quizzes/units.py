@@ -21,7 +21,16 @@ import math
 import re
 from dataclasses import dataclass
 
-__all__ = ["Quantity", "UnitError", "parse_quantity", "parse_unit", "format_quantity"]
+__all__ = ["Quantity", "UnitError", "parse_quantity", "parse_unit", "format_quantity",
+           "DECIMAL_SLIPS", "BINARY_SLIPS"]
+
+# The unit slips a wrong number may be off by, named: the exercise checks
+# (`checks.diagnosis`) and the quiz marking (`numeric_marking`) both say which one they see.
+DECIMAL_SLIPS = {1e3: "10³", 1e6: "10⁶", 1e9: "10⁹", 1e12: "10¹²"}
+BINARY_SLIPS = {1.024: "KiB against KB (1024 against 1000 bytes)",
+                2**20 / 1e6: "MiB against MB (2²⁰ against 10⁶ bytes)",
+                2**30 / 1e9: "GiB against GB (2³⁰ against 10⁹ bytes)",
+                2**40 / 1e12: "TiB against TB (2⁴⁰ against 10¹² bytes)"}
 
 
 class UnitError(ValueError):

@@ -60,6 +60,24 @@ def test_attention_matrix_at_128k():
 # --------------------------------------------------------------------------- weights, memory, decode
 
 
+def test_parameter_pieces_add_up_to_the_model():
+    """SmolLM2-135M's pieces as the docstrings quote them, and a tied and an untied model
+    whose torch parameters number exactly what `ModelConfig.num_params` adds up."""
+    from minillm import LlamaModel, ModelConfig
+    assert calc.attention_params(576, 9, 3, 64) == 884_736
+    assert calc.swiglu_params(576, 1536) == 2_654_208
+    assert calc.norm_params(576, 30) == 61 * 576
+    assert calc.embedding_params(49152, 576, False) == 2 * calc.embedding_params(49152, 576)
+    smol = ModelConfig.smollm2_135m()
+    assert smol.num_params() == 30 * (884_736 + 2_654_208) + 61 * 576 + 49152 * 576
+    for tied in (True, False):
+        cfg = ModelConfig.tiny(tie_word_embeddings=tied)
+        model = LlamaModel(cfg)
+        assert sum(p.numel() for p in model.parameters()) == cfg.num_params()
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        calc.attention_params(576, 9, 0, 64)
+
+
 def test_weight_bytes():
     assert calc.weight_bytes(13e9, 2) == 26 * GB
     assert calc.weight_bytes(70e9, 2) == 140 * GB
@@ -195,6 +213,13 @@ def test_spec_speedup_and_optimal_k():
     assert calc.spec_optimal_k(0.8, 0.1) == 6
     assert calc.spec_optimal_k(0.1, 0.9) == 0  # speculation does not pay
     assert calc.spec_optimal_k(1.0, 0.0, k_max=5) == 5
+    # The same speedup from tokens per pass however predicted: runs of acceptances (α at
+    # each position 0.5, 1, 1, 1) give 3 tokens a pass where one α = 0.5 gives 1.94.
+    assert calc.spec_speedup_from_tokens(3.68928, 5, 0.05) == approx(3.68928 / 1.25)
+    e = calc.spec_expected_tokens_by_position([0.5, 1, 1, 1])
+    assert calc.spec_speedup_from_tokens(e, 4, 0.05, verify_cost=2.0) == approx(3.0 / 2.2)
+    with pytest.raises(ValueError, match="expected_tokens"):
+        calc.spec_speedup_from_tokens(-1, 4, 0.05)
     # verify_cost reaches spec_speedup: the best k maximizes the same speedup the widget plots.
     for c in (1.0, 1.5, 3.0):
         k = calc.spec_optimal_k(0.6, 0.02, verify_cost=c)

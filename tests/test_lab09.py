@@ -378,6 +378,13 @@ def test_stream_burst_and_metrics_against_a_real_server(smollm):
         assert timing.usage["completion_tokens"] == len(timing.pieces) or timing.finish_reason == "stop"
         assert 0 < timing.ttft_s <= timing.e2e_s and len(timing.itl_s) == len(timing.pieces) - 1
         assert list(iter_events(timing.lines))[-1] == "[DONE]"
+        # k tokens per SSE event (what sse_buffering streams): the same greedy text in fewer
+        # events; the first token goes at once (time to first token), then 5 at a time: at
+        # most 1 + ceil(11 / 5) = 4 events carry text (a token may carry none alone)
+        one = serve_runs._greedy_stream(srv.url, "Count to ten.", 12, 1, 60)
+        five = serve_runs._greedy_stream(srv.url, "Count to ten.", 12, 5, 60)
+        assert five.text == one.text and len(five.pieces) <= 4 < len(one.pieces)
+        assert one.usage["completion_tokens"] == five.usage["completion_tokens"] == 12
         replies = serve_runs.burst(srv.url, [list(range(5 + i, 37 + i)) for i in range(12)], max_tokens=4)
         assert {r.status for r in replies} == {200, 503}
         assert all(r.retry_after for r in replies if r.status == 503)

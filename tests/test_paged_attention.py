@@ -192,5 +192,7 @@ def test_sizing_from_a_memory_budget():
     assert PagedKVCache.num_blocks_for_budget(10 * per_block + 1, 2, BS, HKV, D, torch.float16) == 10
     big = PagedKVCache.from_budget(3 * per_block, 2, BS, HKV, D, torch.float16)
     assert big.num_blocks == 3 and big.k_caches[0].shape == (3, BS, HKV, D)
+    # What it holds: its blocks, plus one trash row per layer for K and for V.
+    assert big.nbytes() == 3 * per_block + 2 * 2 * HKV * D * 2
     with pytest.raises(ValueError, match="holds no block"):
         PagedKVCache.num_blocks_for_budget(per_block - 1, 2, BS, HKV, D, torch.float16)

@@ -73,7 +73,7 @@ def test_numeric_right_answers(typed):
     ("26e9", "10⁹ times too large for an answer in GB. Did you mean 26 GB?"),
     ("0.026", "10³ times too small"),
     ("26e-6", "10⁶ times too small"),
-    ("24.2", "GiB (2³⁰ bytes) and GB"),
+    ("24.2", "GiB against GB (2³⁰ against 10⁹ bytes)"),
     ("-26", "check the sign"),
 ])
 def test_numeric_unit_hints(typed, hint):

@@ -246,10 +246,9 @@ def _run_speculative(model, requests, k: int):
 
 
 def kv_pool_bytes(engine) -> int:
-    """The bytes the engine's paged KV cache holds, read from its tensors' storage (every
-    layer's K and V pool, allocated up front)."""
-    kv = engine.kv_cache
-    return sum(t.untyped_storage().nbytes() for t in list(kv.k_caches) + list(kv.v_caches))
+    """The bytes the engine's paged KV cache holds (every layer's K and V pool, allocated up
+    front): `PagedKVCache.nbytes`."""
+    return engine.kv_cache.nbytes()
 
 
 # --------------------------------------------------------------------------- small-scale validation

@@ -74,15 +74,21 @@ class StreamTiming:
 
 
 def stream_completion(url: str, prompt, *, max_tokens: int = 32, chat: bool = True,
-                      timeout_s: float = 120.0, **params) -> StreamTiming:
-    """Send one streamed (chat) completion and time every chunk as it arrives."""
+                      timeout_s: float = 120.0, tokens_per_event: int | None = None,
+                      **params) -> StreamTiming:
+    """Send one streamed (chat) completion and time every chunk as it arrives.
+    ``tokens_per_event``: the server's ``stream_options.tokens_per_event`` (None: its
+    default); ``params``: more request fields (``temperature``, ``ignore_eos``, ...)."""
     import httpx
 
     from minillm.serve import MODEL_NAME
     from minillm.serve.sse import iter_events
 
+    options = {"include_usage": True}
+    if tokens_per_event is not None:
+        options["tokens_per_event"] = tokens_per_event
     body = {"model": MODEL_NAME, "max_tokens": max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}, **params}
+            "stream_options": options, **params}
     if chat:
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -171,11 +177,6 @@ def sse_buffering(server, prompts, tokens_per_event=(1, 2, 5, 10), *, streams: i
     meanwhile. Each k gets its own ``streams`` prompts from ``prompts`` (distinct prompts: a
     prompt seen before would hit the prefix cache and flatter the later runs). One
     ``BufferingRun`` per k."""
-    import httpx
-
-    from minillm.serve import MODEL_NAME
-    from minillm.serve.sse import iter_events
-
     url, pid, pool = _url(server.url), server.pid, list(prompts)
     if len(pool) < streams * len(tokens_per_event):
         raise ValueError(f"need {streams} distinct prompts per k, {streams * len(tokens_per_event)} in all; "
@@ -187,23 +188,9 @@ def sse_buffering(server, prompts, tokens_per_event=(1, 2, 5, 10), *, streams: i
         go = threading.Barrier(len(prompts) + 1)
 
         def one(i: int, k=k) -> None:
-            body = {"model": MODEL_NAME, "prompt": prompts[i], "max_tokens": max_tokens,
-                    "temperature": 0.0, "ignore_eos": True, "stream": True,
-                    "stream_options": {"include_usage": True, "tokens_per_event": k}}
-            with httpx.Client(timeout=timeout_s) as client:
-                go.wait()
-                t0, events, text, ttft, usage = time.perf_counter(), 0, "", None, 0
-                with client.stream("POST", url + "/v1/completions", json=body) as r:
-                    for event in iter_events(r.iter_lines()):
-                        if event == "[DONE]":
-                            continue
-                        for choice in event.get("choices", []):
-                            if choice.get("text"):
-                                events += 1
-                                text += choice["text"]
-                                ttft = ttft if ttft is not None else time.perf_counter() - t0
-                        usage = (event.get("usage") or {}).get("completion_tokens", usage)
-                results[i] = (events, text, ttft, usage)
+            go.wait()
+            t = _greedy_stream(url, prompts[i], max_tokens, k, timeout_s)
+            results[i] = (len(t.pieces), t.text, t.ttft_s, (t.usage or {}).get("completion_tokens", 0))
 
         threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(prompts))]
         for t in threads:
@@ -222,21 +209,15 @@ def sse_buffering(server, prompts, tokens_per_event=(1, 2, 5, 10), *, streams: i
                                  sum(after.values()) - sum(before.get(t, 0.0) for t in after),
                                  float(np.mean([r[2] for r in results])), [r[1] for r in results]))
     for run, j in zip(runs, range(len(runs))):  # the same prompt at one token per event: same text?
-        run.same_text_as_k1 = _stream_text(url, pool[j * streams], max_tokens, 1, timeout_s) == run.texts[0]
+        run.same_text_as_k1 = (_greedy_stream(url, pool[j * streams], max_tokens, 1, timeout_s).text
+                               == run.texts[0])
     return runs
 
 
-def _stream_text(url: str, prompt, max_tokens: int, k: int, timeout_s: float) -> str:
-    import httpx
-
-    from minillm.serve import MODEL_NAME
-    from minillm.serve.sse import iter_events
-
-    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "stream_options": {"tokens_per_event": k}}
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=timeout_s) as r:
-        return "".join(c.get("text") or "" for e in iter_events(r.iter_lines()) if e != "[DONE]"
-                       for c in e.get("choices", []))
+def _greedy_stream(url: str, prompt, max_tokens: int, k: int, timeout_s: float) -> StreamTiming:
+    """One streamed completion, greedy, EOS ignored, ``k`` tokens per SSE event."""
+    return stream_completion(url, prompt, max_tokens=max_tokens, chat=False, timeout_s=timeout_s,
+                             tokens_per_event=k, temperature=0.0, ignore_eos=True)
 
 
 def probe(url: str, path: str) -> tuple[int, str]:

@@ -314,7 +314,7 @@ def prediction_report(run: SpeedupRun, trace: SpecTrace, c: float, r: float,
     e_single = calc.spec_expected_tokens(trace.acceptance_rate, k)
     lines = []
     for name, e in (("from α at each position", e_pos), ("from the single α", e_single)):
-        pred = e / (c + k * r)
+        pred = calc.spec_speedup_from_tokens(e, k, r, verify_cost=c)
         off = row.speedup / pred - 1
         lines.append(f"k = {k}: the measured speedup, {row.speedup:.2f}×, is {abs(off):.0%} "
                      f"{'above' if off > 0 else 'below'} the prediction {name}, {pred:.2f}×: "

@@ -16,7 +16,8 @@ Conventions (the invariants of this package):
 
 One module per topic; every name is re-exported here, so ``calc.kv_cache_bytes(...)`` works:
 
-    memory.py        KV-cache bytes, weight bytes, sequences that fit in memory
+    memory.py        KV-cache bytes, parameters and weight bytes, sequences that fit in
+                     memory
     speed.py         decode tokens/s on the roofline, prefill/decode FLOPs, intensity,
                      the launch floor of a step
     attention.py     MHA / GQA / MQA, the score matrix, decode attention's intensity,
@@ -46,8 +47,9 @@ from .capacity import (Design, MemoryBudget, StepModel, activation_bytes, design
 from .cost import (HOURS_PER_MONTH, break_even_tokens_per_month, break_even_utilization,
                    cost_per_million_tokens, gpu_dollars_per_month, gpus_for_load,
                    tokens_per_month)
-from .memory import (kv_cache_bytes, kv_cache_bytes_per_token, max_concurrent_sequences,
-                     memory_per_gpu, weight_bytes)
+from .memory import (attention_params, embedding_params, kv_cache_bytes,
+                     kv_cache_bytes_per_token, max_concurrent_sequences, memory_per_gpu,
+                     norm_params, swiglu_params, weight_bytes)
 from .moe import (MIXTRAL_8X7B, MoEConfig, ep_all_to_all_bytes_per_token, ep_expert_bytes_per_gpu,
                   ep_memory_per_gpu)
 from .parallel import (NVLINK_H100_BYTES_PER_S, PCIE_GEN5_BYTES_PER_S, allreduce_time_s,
@@ -61,7 +63,7 @@ from .serving import (e2e_latency_s, kv_fragmentation, kv_transfer_time_s, littl
                       queueing_latency_s, replicas_needed, utilization)
 from .speculative import (spec_acceptance_probability, spec_expected_tokens,
                           spec_expected_tokens_by_position, spec_expected_tokens_naive,
-                          spec_optimal_k, spec_speedup)
+                          spec_optimal_k, spec_speedup, spec_speedup_from_tokens)
 from .speed import (batched_decode_tokens_per_s, decode_crossover_batch, decode_flops,
                     decode_step_time_s, decode_tokens_per_s, launch_floor_s, matmul_intensity,
                     matvec_intensity, prefill_flops, ridge_point, roofline_flops, step_floor_s)
@@ -69,6 +71,7 @@ from .speed import (batched_decode_tokens_per_s, decode_crossover_batch, decode_
 __all__ = [
     "KB", "MB", "GB", "TB", "GiB", "DTYPE_BYTES", "HOURS_PER_MONTH",
     "kv_cache_bytes_per_token", "kv_cache_bytes", "weight_bytes", "memory_per_gpu",
+    "attention_params", "swiglu_params", "norm_params", "embedding_params",
     "max_concurrent_sequences",
     "decode_tokens_per_s", "decode_step_time_s", "batched_decode_tokens_per_s",
     "prefill_flops", "decode_flops", "matvec_intensity", "matmul_intensity", "ridge_point",
@@ -78,7 +81,7 @@ __all__ = [
     "static_batch_wasted_steps", "static_batch_utilization", "static_batch_throughput",
     "continuous_batch_ideal_throughput",
     "spec_expected_tokens", "spec_expected_tokens_by_position", "spec_expected_tokens_naive",
-    "spec_speedup", "spec_optimal_k",
+    "spec_speedup", "spec_speedup_from_tokens", "spec_optimal_k",
     "spec_acceptance_probability",
     "ring_allreduce_bytes", "allreduce_time_s", "tp_allreduces_per_layer", "pp_bubble_fraction",
     "NVLINK_H100_BYTES_PER_S", "PCIE_GEN5_BYTES_PER_S", "tp_size_problem", "tp_valid_sizes",

@@ -39,6 +39,33 @@ def kv_cache_bytes(num_layers, num_kv_heads, head_dim, seq_len, dtype_bytes=2, b
 
 
 # --------------------------------------------------------------------------- weights and memory
+# A Llama-style decoder's parameters, piece by piece: the one formula that `ModelConfig.
+# num_params`, the tensor-parallel shard (`tp_param_bytes_per_rank`, per-rank heads and rows)
+# and the MoE count (`MoEConfig.shared_params`) all add up.
+
+
+def attention_params(hidden_size, num_heads, num_kv_heads, head_dim) -> int:
+    """One layer's attention weights: q|k|v ``(Hq + 2·Hkv)·D·d`` and o ``d·Hq·D`` (no biases).
+    SmolLM2-135M (d 576, 9 / 3 heads of 64): 884,736."""
+    d, hq = _int("hidden_size", hidden_size), _int("num_heads", num_heads)
+    hkv, dim = _int("num_kv_heads", num_kv_heads), _int("head_dim", head_dim)
+    return (hq + 2 * hkv) * dim * d + d * hq * dim
+
+
+def swiglu_params(hidden_size, intermediate_size) -> int:
+    """One SwiGLU MLP's weights: gate, up and down, ``3·d·f``. SmolLM2-135M: 2,654,208."""
+    return 3 * _int("hidden_size", hidden_size) * _int("intermediate_size", intermediate_size)
+
+
+def norm_params(hidden_size, num_layers) -> int:
+    """The RMSNorm weights: two per layer and the final one, ``(2L + 1)·d``."""
+    return (2 * _int("num_layers", num_layers) + 1) * _int("hidden_size", hidden_size)
+
+
+def embedding_params(vocab_size, hidden_size, tie_word_embeddings=True) -> int:
+    """The embedding ``V·d``, and as much again for an LM head that is not tied to it."""
+    return _int("vocab_size", vocab_size) * _int("hidden_size", hidden_size) * (
+        1 if tie_word_embeddings else 2)
 
 
 def weight_bytes(num_params, dtype_bytes) -> float:

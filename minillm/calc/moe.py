@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._common import _int, _real
+from .memory import attention_params, embedding_params, norm_params
 
 
 @dataclass(frozen=True)
@@ -55,11 +56,10 @@ class MoEConfig:
     def shared_params(self) -> int:
         """Everything but the experts: attention, routers, norms, embedding and LM head."""
         d, L = self.hidden_size, self.num_layers
-        attn = d * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim + self.num_heads * self.head_dim * d
+        attn = attention_params(d, self.num_heads, self.num_kv_heads, self.head_dim)
         router = d * self.num_experts
-        norms = (2 * L + 1) * d
-        embed = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
-        return L * (attn + router) + norms + embed
+        return (L * (attn + router) + norm_params(d, L)
+                + embedding_params(self.vocab_size, d, self.tie_word_embeddings))
 
     @property
     def total_params(self) -> int:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 
 from ._common import _int, _real
+from .memory import attention_params, embedding_params, norm_params, swiglu_params
 
 #: Per-direction link bandwidths (bytes/s): H100 NVLink 4 and PCIe Gen5 x16.
 NVLINK_H100_BYTES_PER_S = 450e9
@@ -163,14 +164,12 @@ def tp_param_bytes_per_rank(config, tp_size, dtype_bytes, rank=0) -> int:
     c, tp = config, _int("tp_size", tp_size)
     hq = c.num_heads // _checked_tp(c.num_heads, c.num_kv_heads, tp)
     hkv = tp_kv_heads_per_rank(c.num_heads, c.num_kv_heads, tp)
-    d, D = c.hidden_size, c.head_dim
-    ffn = tp_shard_size(c.intermediate_size, tp, rank)
-    vocab = tp_shard_size(c.vocab_size, tp, rank)
-    attn = (hq + 2 * hkv) * D * d + d * hq * D
-    mlp = 3 * d * ffn
-    norms = (2 * c.num_layers + 1) * d
-    embed = vocab * d * (1 if c.tie_word_embeddings else 2)
-    return int((c.num_layers * (attn + mlp) + norms + embed) * _real("dtype_bytes", dtype_bytes))
+    d = c.hidden_size
+    layer = (attention_params(d, hq, hkv, c.head_dim)
+             + swiglu_params(d, tp_shard_size(c.intermediate_size, tp, rank)))
+    embed = embedding_params(tp_shard_size(c.vocab_size, tp, rank), d, c.tie_word_embeddings)
+    return int((c.num_layers * layer + norm_params(d, c.num_layers) + embed)
+               * _real("dtype_bytes", dtype_bytes))
 
 
 # --------------------------------------------------------------------------- TP time

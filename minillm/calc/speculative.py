@@ -59,10 +59,19 @@ def spec_speedup(alpha, k, cost_ratio, verify_cost=1.0) -> float:
     from its matrix-vector path to a small GEMM (`benchmarks/spec.py` measures it).
     k = 0 is plain decoding (speedup 1).
     """
+    return spec_speedup_from_tokens(spec_expected_tokens(alpha, k), k, cost_ratio, verify_cost)
+
+
+def spec_speedup_from_tokens(expected_tokens, k, cost_ratio, verify_cost=1.0) -> float:
+    """``spec_speedup`` for a round that yields ``expected_tokens`` per target pass, however
+    they were predicted (one α: ``spec_expected_tokens``; α at each draft position:
+    ``spec_expected_tokens_by_position``): ``E / (verify_cost + k · r)``; k = 0 costs one
+    plain step."""
+    e = _real("expected_tokens", expected_tokens)
     r = _real("cost_ratio", cost_ratio, allow_zero=True)
     kk = _int("k", k, minimum=0)
     c = _real("verify_cost", verify_cost)
-    return spec_expected_tokens(alpha, kk) / ((c if kk else 1.0) + kk * r)
+    return e / ((c if kk else 1.0) + kk * r)
 
 
 def spec_optimal_k(alpha, cost_ratio, k_max=16, verify_cost=1.0) -> int:

@@ -65,6 +65,11 @@ class PagedKVCache:
         return int(block_size * calc.kv_cache_bytes_per_token(num_layers, num_kv_heads,
                                                               head_dim, elem))
 
+    def nbytes(self) -> int:
+        """The bytes this cache holds, allocated up front: every layer's K and V storage,
+        the trash row included (`bytes_per_block() * num_blocks` plus that row)."""
+        return sum(t.numel() * t.element_size() for t in self._k_flat + self._v_flat)
+
     def bytes_per_block(self) -> int:
         return self.block_bytes(self.num_layers, self.block_size, self.num_kv_heads,
                                 self.head_dim, self.dtype)

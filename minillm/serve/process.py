@@ -5,8 +5,9 @@ benchmarks.
         httpx.post(server.url + "/v1/completions", json={...})
     # the server got SIGTERM, drained and was reaped
 
-It picks a free loopback port, waits until `/health` answers (the model is loaded and one
-token generated), and always reaps the child: on `stop()`, on leaving the `with` block
+It picks a free loopback port, waits until `/health/ready` answers (the model is loaded and
+its warm-up generation finished: what `ThreadedServer` waits for in-process, and what a
+Kubernetes readiness probe asks), and always reaps the child: on `stop()`, on leaving the `with` block
 (even through KeyboardInterrupt), at interpreter exit, and - on Linux - when the parent
 dies (PR_SET_PDEATHSIG), so an interrupted notebook cell leaves no orphan.
 The child's output goes to a temporary log file (`log_text()`), never a pipe that could
@@ -70,7 +71,7 @@ class ServerProcess:
         self._finalizer = weakref.finalize(self, _kill, self.proc)
         atexit.register(self._finalizer)
         try:
-            self._wait_healthy(startup_timeout_s)
+            self._wait_ready(startup_timeout_s)
         except BaseException:
             self.stop(_signal.SIGKILL, 5)
             raise
@@ -79,20 +80,20 @@ class ServerProcess:
     def pid(self) -> int:
         return self.proc.pid
 
-    def _wait_healthy(self, timeout_s: float) -> None:
+    def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited with status {self.proc.returncode} "
                                    f"while starting; its log ends:\n{self.log_text()[-3000:]}")
             try:
-                if httpx.get(self.url + "/health", timeout=30).status_code == 200:
+                if httpx.get(self.url + "/health/ready", timeout=30).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.25)
-        raise TimeoutError(f"the server did not answer /health within {timeout_s} s; its log "
-                           f"ends:\n{self.log_text()[-3000:]}")
+        raise TimeoutError(f"the server was not ready (/health/ready) within {timeout_s} s; "
+                           f"its log ends:\n{self.log_text()[-3000:]}")
 
     def log_text(self) -> str:
         with open(self._log.name, "rb") as f:

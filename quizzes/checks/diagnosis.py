@@ -23,13 +23,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..units import BINARY_SLIPS, DECIMAL_SLIPS
 from .values import _as_numpy, _is_tensor
 
 __all__ = ["diagnose", "diagnose_shape", "name_factor"]
 
-_UNITS = {1e3: "10³", 1e6: "10⁶", 1e9: "10⁹", 1e12: "10¹²"}
-_BINARY = {2**30 / 1e9: "GiB against GB (2³⁰ against 10⁹ bytes)", 2**20 / 1e6: "MiB against MB (2²⁰ against 10⁶ bytes)",
-           1.024: "KiB against KB (1024 against 1000 bytes)"}
 
 
 def _numeric(x: Any) -> np.ndarray | None:
@@ -61,11 +59,11 @@ def name_factor(c: float, single: bool = False) -> str:
     if c < 0:
         rest = name_factor(-c, single)
         return f"the sign is flipped, and {rest}" if rest else ""
-    for f, word in _UNITS.items():
+    for f, word in DECIMAL_SLIPS.items():
         for k, direction in ((f, "larger"), (1 / f, "smaller")):
             if abs(c / k - 1) < 1e-3:
                 return f"yours is {word} times {direction} than the reference: a unit slip (s and ms, bytes and GB, ...)?"
-    for f, word in _BINARY.items():
+    for f, word in BINARY_SLIPS.items():
         if abs(c / f - 1) < 1e-4 or abs(c * f - 1) < 1e-4:
             return f"yours is off by {c:.4g}×: {word}? This course uses 10⁹ bytes per GB."
     if abs(c / 100 - 1) < 1e-3 or abs(c * 100 - 1) < 1e-3:
