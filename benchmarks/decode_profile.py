@@ -12,7 +12,7 @@ cancelled: t(1 + S tokens) - t(1 token)), then profiled over the same S steps, a
 op's self time is put in one of four bins, per step:
 
     weights     the 121 weight products (the C++ small-M kernel, or BLAS mm/mv)
-    attention   SDPA over the cache
+    attention   SDPA over the cache, or the C++ decode kernel where this host chose it
     glue        every other op (norms, RoPE, SiLU, adds, cache writes, argmax, copies; in
                 the compiled step, Inductor's generated loops)
     graph runtime   the compiled step's guard checks (TorchDynamo Cache Lookup) and the
@@ -40,6 +40,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import minillm  # noqa: E402
 from minillm.devices import device_name  # noqa: E402
+from minillm.attention import cpu_decode  # noqa: E402
 from minillm.layers import cpu_linear, fused  # noqa: E402
 from minillm.measure import step_profile  # noqa: E402
 from minillm.perf import measure_matvec_bandwidth  # noqa: E402
@@ -56,7 +57,8 @@ WEIGHT_OPS = {step_profile.WEIGHTS_RANGE, "aten::mm", "aten::addmm", "aten::mv"}
 WEIGHT_OP_PREFIXES = ("minillm_cpu::small_m_linear_", "minillm_cpu::w4_linear_",
                       "minillm_cpu::w8_linear_")
 ATTENTION_OPS = {"aten::scaled_dot_product_attention",
-                 "aten::_scaled_dot_product_flash_attention_for_cpu"}
+                 "aten::_scaled_dot_product_flash_attention_for_cpu",
+                 "minillm_attention::paged_decode_cpu"}  # eager, where the kernel is chosen
 # The compiled graph's own runtime: guard checks, the wrappers around the generated code.
 BINS = ("weights", "attention", "glue", "graph runtime", "outside")
 GRAPH_RUNTIME = ("TorchDynamo", "Torch-Compiled Region", "## Call CompiledFxGraph",
@@ -72,9 +74,9 @@ def labelled(name, fn):
     return call
 
 
-def label_kernels(linear, glue):
-    """Point the modules' `load_kernel` at wrappers of `linear` and `glue` (None: off) whose
-    every function carries a profiler label."""
+def label_kernels(linear, glue, attention):
+    """Point the modules' `load_kernel` at wrappers of `linear`, `glue` (None: off) and
+    `attention` (the decode kernel) whose every function carries a profiler label."""
     class Labelled:  # a kernel module, every function wrapped
         def __init__(self, module, prefix):
             for attr in dir(module):
@@ -83,8 +85,10 @@ def label_kernels(linear, glue):
 
     wrapped_linear = Labelled(linear, "minillm")
     wrapped_glue = None if glue is None else Labelled(glue, "minillm_fused")
+    wrapped_attention = Labelled(attention, "minillm_attention")
     cpu_linear.load_kernel = lambda: wrapped_linear
     fused.load_kernel = lambda: wrapped_glue
+    cpu_decode.load_kernel = lambda: wrapped_attention
 
 
 def step_seconds(model, steps, ways, rounds):
@@ -141,13 +145,14 @@ def main():
     torch.set_num_threads(args.threads)
     torch._inductor.config.cpp.enable_kernel_profile = True  # name Inductor's loops
     model, _ = minillm.load_model(dtype=torch.float32)
-    if cpu_linear.load_kernel() is None or fused.load_kernel() is None:
+    if None in (cpu_linear.load_kernel(), fused.load_kernel(), cpu_decode.load_kernel()):
         sys.exit("the C++ kernels are not available here (see the warning above)")
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     matvec = max(measure_matvec_bandwidth().values())
     floor_us = weight_bytes / matvec * 1e6
-    load_linear, load_glue = cpu_linear.load_kernel, fused.load_kernel
-    linear, glue = load_linear(), load_glue()
+    load_linear, load_glue, load_attention = (cpu_linear.load_kernel, fused.load_kernel,
+                                              cpu_decode.load_kernel)
+    linear, glue, attention = load_linear(), load_glue(), load_attention()
 
     def glue_off():
         cpu_linear.load_kernel, fused.load_kernel = load_linear, (lambda: None)
@@ -166,11 +171,12 @@ def main():
         for name, (compile, switch) in ways.items():
             switch()
             if not compile:  # (relabelling under compile would change what it guards on)
-                label_kernels(linear, glue if name == "eager, fused" else None)
+                label_kernels(linear, glue if name == "eager, fused" else None, attention)
             results[name] = {"step_us": steps[name] * 1e6,
                              "profiled_us": profiled_bins(model, args.steps, compile)}
     finally:
         glue_on()
+        cpu_decode.load_kernel = load_attention
     print(f"{device_name('cpu')}, {args.threads} threads, fp32: batch-1 decode step, "
           f"{args.steps} steps; weights' floor {floor_us:.0f} µs ({weight_bytes / 1e6:.0f} MB "
           f"at the matvec stream's {matvec / 1e9:.1f} GB/s)\n")

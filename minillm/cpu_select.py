@@ -12,10 +12,11 @@ serve, and the fastest is used for each bucket of shapes.
 
 Vocabulary:
 - a *variant* is one build of a kernel (named by its ISA) or the path it replaces: "blas"
-  (`F.linear`; for W4/W8, the C++ dequantize then `F.linear`) or "gather" (decode attention
-  through `index_select` and SDPA);
+  (`F.linear`; for W4/W8, the C++ dequantize then `F.linear`), "gather" (decode attention
+  through `index_select` and SDPA) or "sdpa" (decode attention over a contiguous cache);
 - a *group* is what one kernel serves for one dtype and width class, e.g. the small-M
-  linear on "float32 K<1024"; its *buckets* are row counts: "1", "2-4", "5-8", "9-16".
+  linear on "float32 K<1024"; its *buckets* are row counts: "1", "2-4", "5-8", "9-16" (for
+  decode attention over a contiguous cache, context lengths: "context 1-127", ...).
 
 MINILLM_CPU_KERNEL (`cpp_extension.setting`): unset or 1 measures (this module); 0 or blas
 runs the PyTorch paths everywhere; default runs each kernel's default build on every
@@ -67,7 +68,7 @@ import torch
 
 from . import cpp_extension
 
-SCHEMA = 1  # bump when the groups, buckets or decision rule change: old caches re-measure
+SCHEMA = 2  # bump when the groups, buckets or decision rule change: old caches re-measure
 MARGIN = 0.05  # a non-default choice must be this much faster (see the module docstring)
 ROUNDS = 5  # timed rounds per bucket, after one warm-up round; medians
 # Rounds that disagree by more than this (median `spread`) mean the machine was busy: the
@@ -91,8 +92,8 @@ class Group:
     """One kernel on one dtype and width class: the unit within which rows keep their bits.
 
     `variants`: the kernel's builds this CPU runs, the default build first. `fallback`: the
-    path it replaces ("blas" or "gather"). `make(variant, bucket)`: a function that runs one
-    pass of the bucket's shapes through `variant`, or None where that build is not
+    path it replaces ("blas", "gather" or "sdpa"). `make(variant, bucket)`: a function that
+    runs one pass of the bucket's shapes through `variant`, or None where that build is not
     available; called only when measuring (it may allocate, and build the kernel)."""
 
     kernel: str
@@ -243,7 +244,8 @@ class Selection:
                 fallback = [v for v in t if v not in cpp_extension.ISAS + ("generic",)]
                 ratio = (f" {t[fallback[0]] / t[variant]:.2f}x {fallback[0]}"
                          if fallback and variant in t and variant != fallback[0] else "")
-                label = "" if bucket == ALL_ROWS else f"rows {bucket}: "
+                label = ("" if bucket == ALL_ROWS else f"rows {bucket}: " if bucket[0].isdigit()
+                         else f"{bucket}: ")  # row buckets are bare numbers
                 parts.append(f"{label}{variant}{ratio}")
             out.append(f"{title}, {group}: " + "; ".join(parts))
         return out

@@ -10,6 +10,7 @@ import torch
 
 from minillm.attention import (TorchBackend, choose_decode_path as decode_path, cpu_decode,
                                paged_decode_attention_ref)
+from minillm.attention.backends import decode_attention
 from minillm.paged import PagedKVCache, block_table_tensor
 from test_paged_attention import CONTEXT_LENS, D, HKV, TOL, contiguous_attention, setup_sequences
 
@@ -112,3 +113,127 @@ def test_decode_path_choice(monkeypatch):
     with pytest.raises(RuntimeError, match="MINILLM_CPU_KERNEL=0"):
         cpu_decode.paged_decode_cpu(torch.zeros(1, 2, 16), cache.k_caches[0],
                                     cache.v_caches[0], torch.zeros(1, 1), torch.ones(1))
+
+
+# ------------------------------------------------------- the contiguous cache of generate()
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("length", [1, 17, 100, 128])
+def test_contiguous_cache_is_read_in_place_up_to_its_length(batch, length):
+    """decode_contiguous == SDPA over the filled slots; the slots beyond are NaN, so a read
+    of any of them would show."""
+    g = torch.Generator().manual_seed(length + batch)
+    k, v = torch.randn(2, batch, 128, 3, 64, generator=g)
+    k[:, length:], v[:, length:] = float("nan"), float("nan")
+    q = torch.randn(batch, 9, 64, generator=g)
+    out = cpu_decode.decode_contiguous(q, k, v, length)
+    ref = decode_attention(q, k[:, :length].transpose(1, 2), v[:, :length].transpose(1, 2))
+    torch.testing.assert_close(out, ref, **TOL)
+
+
+@pytest.mark.parametrize("batch, length", [(1, 1), (1, 100), (3, 37)])
+def test_bf16_cache_is_the_fp32_attention_rounded_once(batch, length):
+    """A bf16 cache (a bf16 model): K/V widened exactly, every sum in fp32, the output rounded
+    to bf16 once, so it is the fp32 attention of the same bf16 values, to within one bf16
+    step (the summation order may tip a rounding)."""
+    g = torch.Generator().manual_seed(length)
+    k, v = torch.randn(2, batch, 128, 3, 64, generator=g).bfloat16()
+    q = torch.randn(batch, 9, 64, generator=g).bfloat16()
+    out = cpu_decode.decode_contiguous(q, k, v, length)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    exact = decode_attention(q.double(), k[:, :length].double().transpose(1, 2),
+                             v[:, :length].double().transpose(1, 2))
+    ulp = 2.0 ** (torch.floor(torch.log2(exact.abs().clamp(min=1e-30))) - 7)
+    assert ((out.double() - exact).abs() <= ulp + 1e-6).all()
+    # the paged layout too: the same rows as 16-slot blocks in a shuffled pool
+    blocks = k[:, :128].reshape(batch * 8, 16, 3, 64), v[:, :128].reshape(batch * 8, 16, 3, 64)
+    perm = torch.randperm(batch * 8, generator=g)
+    tables = torch.argsort(perm).reshape(batch, 8).int()
+    paged = cpu_decode.paged_decode_cpu(q, blocks[0][perm], blocks[1][perm], tables,
+                                        torch.full((batch,), length))
+    assert torch.equal(paged, out)
+
+
+@pytest.mark.parametrize("length", [0, 129])
+def test_contiguous_cache_length_out_of_range_is_refused(length):
+    k = torch.zeros(1, 128, 3, 64)
+    with pytest.raises(ValueError, match=f"length must be 1 to max_seq = 128, got {length}"):
+        cpu_decode.decode_contiguous(torch.zeros(1, 9, 64), k, k, length)
+
+
+def _record_kernel_lengths(monkeypatch) -> list[int]:
+    """The context lengths of every attention call that generate() sends to the kernel."""
+    lengths, real = [], cpu_decode.ContiguousDecode.__call__
+
+    def recording(self, q, k_cache, v_cache, length, sm_scale=None):
+        lengths.append(length)
+        return real(self, q, k_cache, v_cache, length, sm_scale)
+    monkeypatch.setattr(cpu_decode.ContiguousDecode, "__call__", recording)
+    return lengths
+
+
+def test_generate_decodes_through_the_kernel_where_chosen(monkeypatch, tiny_model):
+    """Every decode step of every layer takes the kernel (MINILLM_CPU_KERNEL=default in the
+    tests); the tokens equal those of SDPA (the kernel off for this shape)."""
+    import minillm
+    lengths = _record_kernel_lengths(monkeypatch)
+    prompt = [5, 9, 3, 7]
+    with_kernel = minillm.generate(tiny_model, prompt, 12, ignore_eos=True)
+    layers = tiny_model.config.num_layers
+    assert sorted(lengths) == sorted(n for n in range(5, 16) for _ in range(layers))
+    lengths.clear()
+    monkeypatch.setattr(cpu_decode, "contiguous_preferred", lambda length, dtype: False)
+    assert minillm.generate(tiny_model, prompt, 12, ignore_eos=True) == with_kernel
+    assert lengths == []
+
+
+def test_the_choice_is_per_bucket_of_context_lengths(monkeypatch, tiny_model):
+    """The selection chose SDPA for short contexts only: the steps over 128+ cached
+    positions take the kernel, the ones before do not."""
+    import minillm
+    from minillm import cpu_select
+    real = cpu_select.choice
+    monkeypatch.setattr(cpu_select, "choice", lambda kernel, group, bucket: "sdpa" if (
+        group == cpu_decode.contiguous_group(torch.float32) and bucket == "context 1-127")
+        else real(kernel, group, bucket))
+    lengths = _record_kernel_lengths(monkeypatch)
+    minillm.generate(tiny_model, list(range(3, 123)), 16, ignore_eos=True)  # lengths 121..135
+    assert sorted(set(lengths)) == list(range(128, 136))
+    assert [cpu_decode.context_bucket(n) for n in (1, 127, 128, 511, 512, 4096)] == [
+        "context 1-127", "context 1-127", "context 128-511", "context 128-511",
+        "context 512+", "context 512+"]
+
+
+def test_a_bf16_model_decodes_through_the_kernel(monkeypatch, tiny_model):
+    """generate() in bf16 takes the kernel too (its own measured group), and its greedy
+    tokens agree with SDPA's on most positions (bf16 rounds differently in the two)."""
+    import minillm
+    model = tiny_model.to(torch.bfloat16)
+    lengths = _record_kernel_lengths(monkeypatch)
+    with_kernel = minillm.generate(model, [5, 9, 3, 7], 12, ignore_eos=True)
+    assert len(lengths) == 11 * model.config.num_layers
+    monkeypatch.setattr(cpu_decode, "contiguous_preferred", lambda length, dtype: False)
+    sdpa = minillm.generate(model, [5, 9, 3, 7], 12, ignore_eos=True)
+    assert sum(a == b for a, b in zip(with_kernel, sdpa)) >= 9
+
+
+def test_generate_keeps_sdpa_where_the_kernel_cannot_serve(monkeypatch, tiny_model):
+    """Left padding (a key padding mask), another backend, autograd, a float64 cache: SDPA."""
+    import minillm
+    from minillm.attention import ContiguousCacheContext
+    from minillm.kv_cache import KVCache
+    lengths = _record_kernel_lengths(monkeypatch)
+    minillm.generate_batch(tiny_model, [[5, 9, 3], [4]], 6)  # padded: a mask
+    assert lengths == []
+    cache = KVCache(tiny_model.config, 1, 32)
+    q = torch.randn(1, 1, 4, 16)
+
+    class Other:
+        name = "triton"
+    assert not ContiguousCacheContext(Other(), cache, 0)._takes_kernel(q, cache.k[0], 8)
+    ctx = ContiguousCacheContext(TorchBackend(), cache, 0)
+    assert ctx._takes_kernel(q, cache.k[0], 8)
+    assert not ctx._takes_kernel(q.clone().requires_grad_(), cache.k[0], 8)
+    wide = KVCache(tiny_model.config, 1, 32, torch.float64)
+    assert not ContiguousCacheContext(TorchBackend(), wide, 0)._takes_kernel(
+        q.double(), wide.k[0], 8)

@@ -97,6 +97,22 @@ def test_leading_dims_are_kept():
     torch.testing.assert_close(y, F.linear(x, w))
 
 
+@pytest.mark.parametrize("variant", BUILDS)
+def test_the_kernel_itself_keeps_leading_dims(variant):
+    """The C++ takes x [..., K] as its rows and returns [..., N], so `Linear` reshapes
+    nothing around a decode product: each row has the bits of the same row in a 2-D call."""
+    kernel = cpu_linear.load_kernel(variant)
+    g = torch.Generator().manual_seed(8)
+    x, w = torch.randn(2, 3, 24, generator=g), torch.randn(40, 24, generator=g)
+    y = kernel.small_m_linear(x, w)
+    assert y.shape == (2, 3, 40)
+    assert torch.equal(y, kernel.small_m_linear(x.reshape(6, 24), w).reshape(2, 3, 40))
+    assert torch.equal(kernel.small_m_linear(x[1, 2], w), y[1, 2])  # [K] -> [N]
+    assert kernel.small_m_linear(x[:0], w).shape == (0, 3, 40)
+    with pytest.raises(RuntimeError, match=r"x \[\.\.\., K\] and W \[N, K\]"):
+        kernel.small_m_linear(x, w[0])
+
+
 def test_bad_arguments_get_a_clear_error():
     w = torch.randn(8, 16)
     with pytest.raises(ValueError, match="x has 12 features, W expects 16"):

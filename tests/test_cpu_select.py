@@ -118,7 +118,7 @@ def test_only_builds_the_cpu_runs_are_offered_and_chosen(monkeypatch, isas):
     monkeypatch.setenv("MINILLM_CPU_KERNEL", "1")
     offered = []
     sel = cpu_select.select(timer=fake_timer({"avx512bf16": 0.1, "avx512": 0.2}, offered))
-    allowed = set(isas or ("generic",)) | {"blas", "gather"}
+    allowed = set(isas or ("generic",)) | {"blas", "gather", "sdpa"}
     assert offered and all(set(o) <= allowed for o in offered)
     assert set(sel.choices.values()) <= allowed
     assert {k.split("/")[0] for k in sel.choices} == {"small_m_linear", "quant_linear",
@@ -174,6 +174,7 @@ def test_a_named_build_forced_is_the_one_that_runs(monkeypatch, isa, dtype):
         want_quant = cpu_select.forced_variant(cpu_kernels.BUILDS, isa)
         assert cpu_kernels.kernel_for(x.float(), 4) == want_quant
     assert cpu_decode.preferred()
+    assert all(cpu_decode.contiguous_preferred(n) for n in (1, 200, 2000))
 
 
 def test_a_measured_choice_is_what_linear_runs(monkeypatch):
@@ -312,3 +313,5 @@ def test_info_prints_the_selection(monkeypatch, capsys):
     line = next(x for x in out.splitlines() if "small-M linear, float32 K<1024" in x)
     assert "rows 1: " in line and "2.00x blas" in line
     assert "paged-decode attention, float32:" in out and "W4/W8 linear, w4:" in out
+    line = next(x for x in out.splitlines() if "float32 contiguous" in x)
+    assert "context 1-127: " in line and "x sdpa" in line and "rows" not in line

@@ -151,12 +151,13 @@ def minillm_kv_device():
 def test_profile_decode_step_bins_add_up_and_leave_the_model_as_it_was():
     """Section 9's profile on the default device (a GPU under gpu_check): the bins add up, the
     ranges are found, and the model is left as it was."""
+    from minillm.attention.cpu_decode import ContiguousDecode
     from minillm.layers.linear import Linear
     from minillm.measure import profile_decode_step
 
     model = tiny()
 
-    backend = model.attn_backend
+    backend, kernel_call = model.attn_backend, ContiguousDecode.__call__
     prof = profile_decode_step(model, [5, 17, 3, 99], steps=3)
     assert set(prof.bins) == {"weights", "attention", "rest"}
     assert prof.bins["weights"] > 0 and prof.bins["attention"] > 0 and prof.bins["rest"] >= 0
@@ -167,7 +168,7 @@ def test_profile_decode_step_bins_add_up_and_leave_the_model_as_it_was():
     if model.device.type == "cpu":  # the C++ weight product runs inside the range: its self time
         assert "minillm::Linear" in names
     assert "bin: weights" in prof.table() and "profiled step" in prof.table()
-    assert model.attn_backend is backend
+    assert model.attn_backend is backend and ContiguousDecode.__call__ is kernel_call
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules() if isinstance(m, Linear))
     with pytest.raises(ValueError, match="steps"):
         profile_decode_step(model, [5, 17], steps=0)

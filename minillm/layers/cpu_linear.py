@@ -10,7 +10,7 @@ multiplies each 4-row tile of W by all rows while it is in registers: 1 row is f
 BLAS's own matrix-vector product, and 5 rows cost well under 2 (`benchmarks/small_m_linear.py`
 measures both side by side).
 
-Contract: `small_m_linear(x [M, K], W [N, K]) == x @ W.T` to float32 rounding, for fp32 CPU
+Contract: `small_m_linear(x [..., K], W [N, K]) == x @ W.T` to float32 rounding, for fp32 CPU
 tensors, W contiguous as `nn.Linear` stores it. For bf16 x and W (a bf16 model: half the bytes
 per decode step) the products and sums are fp32 and y is rounded to bf16 once, so it equals
 `(x.float() @ W.float().T).bfloat16()` up to that one rounding (the summation order may tip
@@ -87,7 +87,7 @@ def load_kernel(variant: str | None = None):
 def _register_fake(kernel) -> None:
     """The C++ operator's shape function, so torch.compile can trace it."""
     torch.library.register_fake(f"minillm_cpu::{kernel.op_name}")(
-        lambda x, weight: x.new_empty(x.shape[0], weight.shape[0]))
+        lambda x, weight: x.new_empty(*x.shape[:-1], weight.shape[0]))
 
 
 def kernel_for(x: torch.Tensor, weight: torch.Tensor):
@@ -178,9 +178,9 @@ def _workload(dtype: torch.dtype, shapes: list[tuple[int, int]]):
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Would `Linear` send this product to the kernel? (Checks only: no build.)"""
-    return (x.device.type == "cpu" and x.dtype in KERNEL_DTYPES
-            and weight.dtype == x.dtype and weight.device.type == "cpu"
-            and weight.dim() == 2 and weight.is_contiguous()
+    # Asked once per product (121 per decode step): `is_cpu` costs a fifth of `device.type`.
+    return (x.is_cpu and x.dtype in KERNEL_DTYPES and weight.dtype == x.dtype
+            and weight.is_cpu and weight.dim() == 2 and weight.is_contiguous()
             and 0 < x.numel() // max(x.shape[-1], 1) <= MAX_ROWS
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
 
@@ -205,21 +205,17 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor,
 
 
 def _run(kernel, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    rows = x.reshape(-1, x.shape[-1]).contiguous()
-    try:
-        y = kernel.small_m_linear(rows, weight)
+    try:  # the kernel keeps x's leading shape: [..., K] -> [..., N]
+        return kernel.small_m_linear(x.contiguous(), weight)
     except RuntimeError as e:  # the kernel's TORCH_CHECKs
         raise ValueError(str(e).splitlines()[0]) from None
-    return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, kernel) -> torch.Tensor:
     """`Linear.forward`'s call, with the build `kernel` that `kernel_for` chose: the pybind
     function in eager mode, the build's C++ operator `minillm_cpu::small_m_linear_<isa>`
     under `torch.compile` (a decode step makes 121 of these calls; a Python custom op would
-    cost ~10 µs each, the operator ~2). The reshape to rows is traced into the graph."""
+    cost ~10 µs each, the operator ~2). Both take x [..., K] and return [..., N]."""
     if torch.compiler.is_compiling():
-        rows = x.reshape(-1, x.shape[-1]).contiguous()
-        y = getattr(torch.ops.minillm_cpu, kernel.op_name)(rows, weight)
-        return y.reshape(*x.shape[:-1], weight.shape[0])
+        return getattr(torch.ops.minillm_cpu, kernel.op_name)(x.contiguous(), weight)
     return _run(kernel, x, weight)

@@ -63,9 +63,17 @@ CPU_DTYPES = (torch.float32, torch.bfloat16)
 
 def applies(x: torch.Tensor) -> bool:
     """Would the model's glue on `x` run the C++? (Builds the kernel on first call.)"""
-    return (x.device.type == "cpu" and x.dtype in CPU_DTYPES and x.is_contiguous()
+    return _cpu_kernel(x) is not None
+
+
+def _cpu_kernel(x: torch.Tensor):
+    """The C++ glue extension where it applies to `x`, else None: one call per glue op (a
+    decode step makes ~120), so `load_kernel`'s setting is read once each, not twice."""
+    if not (x.is_cpu and x.dtype in CPU_DTYPES and x.is_contiguous()
             and not (torch.is_grad_enabled() and x.requires_grad)
-            and not torch.compiler.is_compiling() and load_kernel() is not None)
+            and not torch.compiler.is_compiling()):
+        return None
+    return load_kernel()
 
 
 # MINILLM_TRITON_GLUE=0 switches the Triton glue off on CUDA (the plain ops then run: an A/B
@@ -116,9 +124,9 @@ def stores_kv(cache: torch.Tensor) -> bool:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if triton_applies(x, weight) and x.stride(-1) == 1 and weight.is_contiguous():
         return _glue().rms_norm(x, weight, eps)
-    if (applies(x) and weight.dtype == x.dtype and weight.is_contiguous()
-            and not weight.requires_grad):
-        return load_kernel().rms_norm(x, weight, eps)
+    if ((kernel := _cpu_kernel(x)) is not None and weight.dtype == x.dtype
+            and weight.is_contiguous() and not weight.requires_grad):
+        return kernel.rms_norm(x, weight, eps)
     return rms_norm_ref(x, weight, eps)
 
 
@@ -135,10 +143,10 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
     if (triton_applies(x, delta, weight) and delta.shape == x.shape and x.stride(-1) == 1
             and delta.stride(-1) == 1 and weight.is_contiguous()):
         return _glue().add_rms_norm(x, delta, weight, eps)
-    if (applies(x) and delta.dtype == x.dtype and delta.shape == x.shape
-            and delta.is_contiguous() and not delta.requires_grad and weight.dtype == x.dtype
-            and weight.is_contiguous() and not weight.requires_grad):
-        s, h = load_kernel().add_rms_norm(x, delta, weight, eps)
+    if ((kernel := _cpu_kernel(x)) is not None and delta.dtype == x.dtype
+            and delta.shape == x.shape and delta.is_contiguous() and not delta.requires_grad
+            and weight.dtype == x.dtype and weight.is_contiguous() and not weight.requires_grad):
+        s, h = kernel.add_rms_norm(x, delta, weight, eps)
         return s, h
     s = x + delta
     return s, rms_norm_ref(s, weight, eps)
@@ -161,11 +169,12 @@ def rope_(heads: torch.Tensor, num_rotated: int, cos: torch.Tensor, sin: torch.T
         _glue().rope_kv(heads.view(B * T, H, D), num_rotated - num_kv, num_kv,
                         cos.reshape(B * T, D), sin.reshape(B * T, D), kv)
         return heads
-    if not (applies(heads) and D % 16 == 0 and cos.is_contiguous() and sin.is_contiguous()
+    if not ((kernel := _cpu_kernel(heads)) is not None and D % 16 == 0
+            and cos.is_contiguous() and sin.is_contiguous()
             and cos.dtype == sin.dtype == torch.float32):
         return None
     rows = heads.shape[0] * heads.shape[1]
-    load_kernel().rope_(heads.view(rows, heads.shape[2], D), num_rotated,
+    kernel.rope_(heads.view(rows, heads.shape[2], D), num_rotated,
                         cos.reshape(rows, D), sin.reshape(rows, D))
     if kv_write is not None:
         kv_write.store(heads[:, :, num_rotated - num_kv:num_rotated], heads[:, :, num_rotated:])
@@ -176,8 +185,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gate_up = [..., gate | up] -> [..., I]."""
     if triton_applies(gate_up) and gate_up.stride(-1) == 1 and gate_up.shape[-1] % 2 == 0:
         return _glue().silu_mul(gate_up)
-    if applies(gate_up) and gate_up.shape[-1] % 16 == 0:
-        return load_kernel().silu_mul(gate_up)
+    if (kernel := _cpu_kernel(gate_up)) is not None and gate_up.shape[-1] % 16 == 0:
+        return kernel.silu_mul(gate_up)
     return silu_mul_ref(gate_up)
 
 

@@ -9,7 +9,9 @@ and splits the profiled time of a step into three bins:
   ``minillm::Linear`` by forward hooks, because on a CPU the product runs in a C++
   extension that the profiler would not see as an operator;
 - **attention**: every call of the attention backend over the cache (``dense``,
-  ``paged_decode``, ``varlen``), wrapped in a range named ``minillm::attention``;
+  ``paged_decode``, ``varlen``), and of the C++ decode kernel that a CPU's contiguous cache
+  may take instead (``attention.cpu_decode.ContiguousDecode``), wrapped in a range named
+  ``minillm::attention``;
 - **rest**: the step's wall time minus the two: norms, RoPE, SiLU, residual adds, the KV
   write, sampling, and the Python and dispatch around all of them.
 
@@ -81,11 +83,15 @@ class _LabelledBackend:
         if name not in ("dense", "paged_decode", "varlen") or not callable(attr):
             return attr
 
-        def labelled(*args, **kwargs):
-            with torch.profiler.record_function(ATTENTION_RANGE):
-                return attr(*args, **kwargs)
+        return _labelled(attr)
 
-        return labelled
+
+def _labelled(fn):
+    """`fn`, each call inside a profiler range named ATTENTION_RANGE."""
+    def labelled(*args, **kwargs):
+        with torch.profiler.record_function(ATTENTION_RANGE):
+            return fn(*args, **kwargs)
+    return labelled
 
 
 def hook_linears(model) -> list:
@@ -138,10 +144,13 @@ def profile_decode_step(model, prompt_ids: Sequence[int], steps: int = 8, top: i
 
     from ..generate import generate_stream
 
-    original = model.attn_backend
+    from ..attention.cpu_decode import ContiguousDecode
+
+    original, kernel_call = model.attn_backend, ContiguousDecode.__call__
     handles = []
     try:
         model.attn_backend = _LabelledBackend(original)  # (not set_attn_backend: keep any compiled step)
+        ContiguousDecode.__call__ = _labelled(kernel_call)
         handles = hook_linears(model)
         warm = generate_stream(model, prompt_ids, 2 + steps, ignore_eos=True, cuda_graph=False)
         for _ in warm:  # warm-up: the same steps, unprofiled
@@ -160,6 +169,7 @@ def profile_decode_step(model, prompt_ids: Sequence[int], steps: int = 8, top: i
         for h in handles:
             h.remove()
         model.attn_backend = original
+        ContiguousDecode.__call__ = kernel_call
     events = prof.events()
     weights_us = _outermost(events, WEIGHTS_RANGE)
     attention_us = _outermost(events, ATTENTION_RANGE)

@@ -25,26 +25,31 @@
 // too, but a dot product would end in a serial chain of adds, and q . k is done once per
 // (token, head).
 #include "vec_math.h"
+// minillm/csrc: load8 of bf16, widened exactly. A bf16 cache (a bf16 model) is read as bf16
+// (half the bytes) and every product and sum is fp32; q is taken in fp32 and the output is
+// rounded to the model's dtype once, as the SDPA it replaces does.
+#include "bf16.h"
 
 namespace {
 
 using minillm::hsum8;
+using minillm::load8;
 using minillm::vf8;
 
-// scores[g] = q[g] . k * scale for the G query heads of one KV head; D % 8 == 0.
-inline void group_scores(const float* __restrict q, const float* __restrict k, int64_t G,
+// scores[g] = q[g] . k * scale for the G query heads of one KV head; D % 8 == 0. T: the
+// cache's element type (float or c10::BFloat16).
+template <typename T>
+inline void group_scores(const float* __restrict q, const T* __restrict k, int64_t G,
                          int64_t D, float scale, float* __restrict scores, int64_t stride) {
   for (int64_t g = 0; g < G; ++g) {
     const float* qg = q + g * D;
     vf8 acc0 = {0}, acc1 = {0};
     int64_t d = 0;
     for (; d + 16 <= D; d += 16) {
-      acc0 += *reinterpret_cast<const vf8*>(qg + d) * *reinterpret_cast<const vf8*>(k + d);
-      acc1 += *reinterpret_cast<const vf8*>(qg + d + 8) *
-              *reinterpret_cast<const vf8*>(k + d + 8);
+      acc0 += load8(qg + d) * load8(k + d);
+      acc1 += load8(qg + d + 8) * load8(k + d + 8);
     }
-    for (; d < D; d += 8)
-      acc0 += *reinterpret_cast<const vf8*>(qg + d) * *reinterpret_cast<const vf8*>(k + d);
+    for (; d < D; d += 8) acc0 += load8(qg + d) * load8(k + d);
     scores[g * stride] = hsum8(acc0 + acc1) * scale;
   }
 }
@@ -52,81 +57,45 @@ inline void group_scores(const float* __restrict q, const float* __restrict k, i
 // out[0 .. 8 NV) = inv_sum * sum_t p[t] v_t[0 .. 8 NV), for one query head: the NV vector
 // accumulators stay in registers over the whole context (NV <= 8: 64 floats), so each V row
 // costs NV loads and NV FMAs, with no load and store of the output per token.
-template <int NV>
-inline void weighted_sum(const float* __restrict p, const float* __restrict v_base,
+template <typename T, int NV>
+inline void weighted_sum(const float* __restrict p, const T* __restrict v_base,
                          const int32_t* table, int64_t L, int64_t block_size,
                          int64_t slot_stride, float inv_sum, float* __restrict out) {
   vf8 acc[NV] = {};
   for (int64_t t0 = 0; t0 < L; t0 += block_size) {
-    const float* vb = v_base + static_cast<int64_t>(table[t0 / block_size]) * block_size *
-                                   slot_stride;
+    const T* vb = v_base + static_cast<int64_t>(table[t0 / block_size]) * block_size *
+                               slot_stride;
     const int64_t n = std::min(block_size, L - t0);
     for (int64_t i = 0; i < n; ++i) {
-      const float* v = vb + i * slot_stride;
+      const T* v = vb + i * slot_stride;
       const float pt = p[t0 + i];
 #pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j) acc[j] += pt * *reinterpret_cast<const vf8*>(v + 8 * j);
+      for (int j = 0; j < NV; ++j) acc[j] += pt * load8(v + 8 * j);
     }
   }
 #pragma GCC unroll 8
   for (int j = 0; j < NV; ++j) *reinterpret_cast<vf8*>(out + 8 * j) = acc[j] * inv_sum;
 }
 
-using WeightedSum = void (*)(const float*, const float*, const int32_t*, int64_t, int64_t,
-                             int64_t, float, float*);
-constexpr WeightedSum WEIGHTED_SUM[9] = {nullptr, weighted_sum<1>, weighted_sum<2>,
-                                         weighted_sum<3>, weighted_sum<4>, weighted_sum<5>,
-                                         weighted_sum<6>, weighted_sum<7>, weighted_sum<8>};
+template <typename T>
+using WeightedSum = void (*)(const float*, const T*, const int32_t*, int64_t, int64_t, int64_t,
+                             float, float*);
+template <typename T>
+constexpr WeightedSum<T> WEIGHTED_SUM[9] = {
+    nullptr,           weighted_sum<T, 1>, weighted_sum<T, 2>, weighted_sum<T, 3>,
+    weighted_sum<T, 4>, weighted_sum<T, 5>, weighted_sum<T, 6>, weighted_sum<T, 7>,
+    weighted_sum<T, 8>};
 
-}  // namespace
-
-torch::Tensor paged_decode_cpu(const torch::Tensor& q, const torch::Tensor& k_cache,
-                               const torch::Tensor& v_cache, const torch::Tensor& block_tables,
-                               const torch::Tensor& context_lens, double sm_scale) {
-  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
-              "paged_decode_cpu: tensors must be on the CPU");
-  TORCH_CHECK(q.scalar_type() == torch::kFloat && k_cache.scalar_type() == torch::kFloat &&
-                  v_cache.scalar_type() == torch::kFloat,
-              "paged_decode_cpu: q, k_cache and v_cache must be float32");
-  TORCH_CHECK(block_tables.scalar_type() == torch::kInt && context_lens.scalar_type() == torch::kInt,
-              "paged_decode_cpu: block_tables and context_lens must be int32");
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
-              "paged_decode_cpu: q [B, Hq, D], k_cache = v_cache [num_blocks, block_size, Hkv, D]");
-  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  block_tables.is_contiguous() && context_lens.is_contiguous(),
-              "paged_decode_cpu: tensors must be contiguous");
-  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
-  const int64_t num_blocks = k_cache.size(0), block_size = k_cache.size(1),
-                Hkv = k_cache.size(2);
-  TORCH_CHECK(k_cache.size(3) == D && D % 8 == 0 && Hkv > 0 && Hq % Hkv == 0,
-              "paged_decode_cpu: head_dim must match and be a multiple of 8, and Hq must be "
-              "a multiple of Hkv");
-  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == B && context_lens.dim() == 1 &&
-                  context_lens.size(0) == B,
-              "paged_decode_cpu: block_tables [B, max_blocks], context_lens [B]");
-  const int64_t G = Hq / Hkv, max_blocks = block_tables.size(1);
-  const int32_t* lens = context_lens.data_ptr<int32_t>();
-  const int32_t* tables = block_tables.data_ptr<int32_t>();
-  // Validate every index the loops will follow: a bad table must be an error, not a read
-  // outside the cache.
-  for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(lens[b] >= 1 && lens[b] <= max_blocks * block_size,
-                "paged_decode_cpu: context_lens[", b, "] = ", lens[b], " must be in [1, ",
-                max_blocks * block_size, "]");
-    for (int64_t i = 0; i * block_size < lens[b]; ++i) {
-      const int32_t blk = tables[b * max_blocks + i];
-      TORCH_CHECK(blk >= 0 && blk < num_blocks, "paged_decode_cpu: block_tables[", b, ", ", i,
-                  "] = ", blk, " is not a block of the cache (", num_blocks, " blocks)");
-    }
-  }
-
-  auto out = torch::empty_like(q);  // every element is written once, in pass 2
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
-  float* op = out.data_ptr<float>();
+// The attention of every sequence (see the work split below): q and out fp32 [B, Hq, D],
+// the caches of element type T, every index already checked by paged_decode_cpu.
+template <typename T>
+void attend(const float* qp, const T* kp, const T* vp, float* op, const int32_t* tables,
+            const int32_t* lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
+            int64_t max_blocks, int64_t block_size, double sm_scale) {
+  const int64_t G = Hq / Hkv;
   const float scale = static_cast<float>(sm_scale);
-  const int64_t slot_stride = Hkv * D;  // floats between consecutive slots
+  const int64_t slot_stride = Hkv * D;  // elements between consecutive slots
+  constexpr int64_t kLine = 64 / sizeof(T);  // elements in a cache line
 
   // Work item = one sequence: its blocks are read front to back, and each block is one
   // sequential read (its slots, each with all Hkv heads, are adjacent). Pass 1 prefetches
@@ -158,20 +127,20 @@ torch::Tensor paged_decode_cpu(const torch::Tensor& q, const torch::Tensor& k_ca
       scores.resize(Hq * L);
       // Pass 1: scores = q . k * scale, block by block (one table lookup per block).
       for (int64_t t0 = 0; t0 < L; t0 += block_size) {
-        const float* kb = kp + static_cast<int64_t>(table[t0 / block_size]) * block_size *
+        const T* kb = kp + static_cast<int64_t>(table[t0 / block_size]) * block_size *
                                    slot_stride;
         const int64_t n = std::min(block_size, L - t0);
         // The next block is elsewhere in memory, where the hardware prefetcher cannot
         // guess: fetch it while this one is computed, slot i of the next with slot i here,
         // K for the rest of this pass and V of this block for pass 2.
         const bool more = t0 + block_size < L;
-        const float* kn = more ? kp + static_cast<int64_t>(table[t0 / block_size + 1]) *
+        const T* kn = more ? kp + static_cast<int64_t>(table[t0 / block_size + 1]) *
                                           block_size * slot_stride
                                : kb;
-        const float* vb = vp + static_cast<int64_t>(table[t0 / block_size]) * block_size *
+        const T* vb = vp + static_cast<int64_t>(table[t0 / block_size]) * block_size *
                                    slot_stride;
         for (int64_t i = 0; i < n; ++i) {
-          for (int64_t f = 0; f < slot_stride; f += 16) {  // 16 floats: one cache line
+          for (int64_t f = 0; f < slot_stride; f += kLine) {
             if (more) __builtin_prefetch(kn + i * slot_stride + f);
             __builtin_prefetch(vb + i * slot_stride + f);
           }
@@ -196,13 +165,70 @@ torch::Tensor paged_decode_cpu(const torch::Tensor& q, const torch::Tensor& k_ca
       // floats at a time (the G heads of a KV head re-read its V rows from cache).
       for (int64_t r = 0; r < Hq; ++r)  // query head r reads KV head r / G
         for (int64_t d0 = 0; d0 < D; d0 += 64)
-          WEIGHTED_SUM[std::min<int64_t>(8, (D - d0) / 8)](
+          WEIGHTED_SUM<T>[std::min<int64_t>(8, (D - d0) / 8)](
               scores.data() + r * L, vp + (r / G) * D + d0, table, L, block_size, slot_stride,
               inv_sum[r], ob + r * D + d0);
     }
   });
-  return out;
 }
+
+}  // namespace
+
+torch::Tensor paged_decode_cpu(const torch::Tensor& q, const torch::Tensor& k_cache,
+                               const torch::Tensor& v_cache, const torch::Tensor& block_tables,
+                               const torch::Tensor& context_lens, double sm_scale) {
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
+              "paged_decode_cpu: tensors must be on the CPU");
+  const auto dt = k_cache.scalar_type();
+  TORCH_CHECK((dt == torch::kFloat || dt == torch::kBFloat16) && q.scalar_type() == dt &&
+                  v_cache.scalar_type() == dt,
+              "paged_decode_cpu: q, k_cache and v_cache must be float32, or all bfloat16");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt && context_lens.scalar_type() == torch::kInt,
+              "paged_decode_cpu: block_tables and context_lens must be int32");
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
+              "paged_decode_cpu: q [B, Hq, D], k_cache = v_cache [num_blocks, block_size, Hkv, D]");
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  block_tables.is_contiguous() && context_lens.is_contiguous(),
+              "paged_decode_cpu: tensors must be contiguous");
+  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
+  const int64_t num_blocks = k_cache.size(0), block_size = k_cache.size(1),
+                Hkv = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == D && D % 8 == 0 && Hkv > 0 && Hq % Hkv == 0,
+              "paged_decode_cpu: head_dim must match and be a multiple of 8, and Hq must be "
+              "a multiple of Hkv");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == B && context_lens.dim() == 1 &&
+                  context_lens.size(0) == B,
+              "paged_decode_cpu: block_tables [B, max_blocks], context_lens [B]");
+  const int64_t max_blocks = block_tables.size(1);
+  const int32_t* lens = context_lens.data_ptr<int32_t>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  // Validate every index the loops will follow: a bad table must be an error, not a read
+  // outside the cache.
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(lens[b] >= 1 && lens[b] <= max_blocks * block_size,
+                "paged_decode_cpu: context_lens[", b, "] = ", lens[b], " must be in [1, ",
+                max_blocks * block_size, "]");
+    for (int64_t i = 0; i * block_size < lens[b]; ++i) {
+      const int32_t blk = tables[b * max_blocks + i];
+      TORCH_CHECK(blk >= 0 && blk < num_blocks, "paged_decode_cpu: block_tables[", b, ", ", i,
+                  "] = ", blk, " is not a block of the cache (", num_blocks, " blocks)");
+    }
+  }
+
+  // fp32 q and output: a bf16 q is widened (exact) and the output rounded once at the end.
+  const auto qf = q.to(torch::kFloat);
+  auto out = torch::empty_like(qf);  // every element is written once, in pass 2
+  const float* qp = qf.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  if (dt == torch::kFloat)
+    attend(qp, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), op, tables, lens, B, Hq,
+           Hkv, D, max_blocks, block_size, sm_scale);
+  else
+    attend(qp, k_cache.data_ptr<at::BFloat16>(), v_cache.data_ptr<at::BFloat16>(), op, tables,
+           lens, B, Hq, Hkv, D, max_blocks, block_size, sm_scale);
+  return dt == torch::kFloat ? out : out.to(dt);
+}
+
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_cpu", &paged_decode_cpu,

@@ -8,8 +8,10 @@
 // Here every tile of W is read from memory once and multiplied by all M rows while it
 // sits in registers and L1, so M <= 16 rows cost about what 1 row does.
 //
-// Layout: x [M, K] and W [N, K] contiguous (W as nn.Linear stores it: each output's weights
-// are one contiguous row); y [M, N].
+// Layout: x [..., K] (M rows: any leading shape) and W [N, K] contiguous (W as nn.Linear
+// stores it: each output's weights are one contiguous row); y [..., N]. Taking the leading
+// shape here spares the caller two reshapes per product (~1.5 us of Python each decode
+// product, 121 per step).
 //
 // dtypes: fp32 x and W, or bf16 x and W (a bf16 model). bf16 halves the bytes a decode step
 // streams; here each bf16 value is widened to fp32 in registers (a bf16 is the top half of
@@ -40,6 +42,7 @@
 
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -214,13 +217,15 @@ torch::Tensor small_m_linear(torch::Tensor x, torch::Tensor w) {
   TORCH_CHECK((dt == torch::kFloat || dt == torch::kBFloat16) && w.scalar_type() == dt,
               "small_m_linear: x and W must both be float32 or both bfloat16, got ",
               x.scalar_type(), " and ", w.scalar_type());
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "small_m_linear: x [M, K] and W [N, K]");
-  TORCH_CHECK(x.size(1) == w.size(1), "small_m_linear: x has ", x.size(1),
+  TORCH_CHECK(x.dim() >= 1 && w.dim() == 2, "small_m_linear: x [..., K] and W [N, K]");
+  TORCH_CHECK(x.size(-1) == w.size(1), "small_m_linear: x has ", x.size(-1),
               " features, W expects ", w.size(1));
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous(),
               "small_m_linear: x and W must be contiguous ([N, K] row-major W)");
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  auto y = torch::empty({M, N}, x.options());
+  const int64_t K = x.size(-1), N = w.size(0), M = K ? x.numel() / K : 0;
+  std::vector<int64_t> y_shape(x.sizes().begin(), x.sizes().end());
+  y_shape.back() = N;
+  auto y = torch::empty(y_shape, x.options());
   if (dt == torch::kFloat)
     run(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), M, K, N);
   else
@@ -241,7 +246,7 @@ TORCH_LIBRARY_IMPL(minillm_cpu, CPU, m) { m.impl(MINILLM_OP, &small_m_linear); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_m_linear", &small_m_linear,
-        "y = x W^T for a few rows of x (W [N, K]; both fp32 or both bf16)");
+        "y [..., N] = x [..., K] W^T for a few rows of x (W [N, K]; both fp32 or both bf16)");
   m.attr("isa") = MINILLM_ISA_NAME;  // this build's ISA
   m.attr("op_name") = MINILLM_OP;    // its operator: torch.ops.minillm_cpu.<op_name>
 }
