@@ -108,7 +108,7 @@ def test_decode_path_choice(monkeypatch):
     monkeypatch.setenv("MINILLM_CPU_KERNEL", "0")
     assert cpu_decode.load_kernel() is None
     assert decode_path(TorchBackend(), cache) == "gather"
-    with pytest.raises(ValueError, match="decode_path='kernel' needs an fp32 cache"):
+    with pytest.raises(ValueError, match="decode_path='kernel' needs an fp32 or bf16 cache"):
         decode_path(TorchBackend(), cache, "kernel")  # asked for, but switched off
     with pytest.raises(RuntimeError, match="MINILLM_CPU_KERNEL=0"):
         cpu_decode.paged_decode_cpu(torch.zeros(1, 2, 16), cache.k_caches[0],
@@ -120,13 +120,13 @@ def test_decode_path_choice(monkeypatch):
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("length", [1, 17, 100, 128])
 def test_contiguous_cache_is_read_in_place_up_to_its_length(batch, length):
-    """decode_contiguous == SDPA over the filled slots; the slots beyond are NaN, so a read
+    """ContiguousDecode == SDPA over the filled slots; the slots beyond are NaN, so a read
     of any of them would show."""
     g = torch.Generator().manual_seed(length + batch)
     k, v = torch.randn(2, batch, 128, 3, 64, generator=g)
     k[:, length:], v[:, length:] = float("nan"), float("nan")
     q = torch.randn(batch, 9, 64, generator=g)
-    out = cpu_decode.decode_contiguous(q, k, v, length)
+    out = cpu_decode.ContiguousDecode(batch)(q, k, v, length)
     ref = decode_attention(q, k[:, :length].transpose(1, 2), v[:, :length].transpose(1, 2))
     torch.testing.assert_close(out, ref, **TOL)
 
@@ -139,7 +139,7 @@ def test_bf16_cache_is_the_fp32_attention_rounded_once(batch, length):
     g = torch.Generator().manual_seed(length)
     k, v = torch.randn(2, batch, 128, 3, 64, generator=g).bfloat16()
     q = torch.randn(batch, 9, 64, generator=g).bfloat16()
-    out = cpu_decode.decode_contiguous(q, k, v, length)
+    out = cpu_decode.ContiguousDecode(batch)(q, k, v, length)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape
     exact = decode_attention(q.double(), k[:, :length].double().transpose(1, 2),
                              v[:, :length].double().transpose(1, 2))
@@ -158,7 +158,7 @@ def test_bf16_cache_is_the_fp32_attention_rounded_once(batch, length):
 def test_contiguous_cache_length_out_of_range_is_refused(length):
     k = torch.zeros(1, 128, 3, 64)
     with pytest.raises(ValueError, match=f"length must be 1 to max_seq = 128, got {length}"):
-        cpu_decode.decode_contiguous(torch.zeros(1, 9, 64), k, k, length)
+        cpu_decode.ContiguousDecode(1)(torch.zeros(1, 9, 64), k, k, length)
 
 
 def _record_kernel_lengths(monkeypatch) -> list[int]:

@@ -15,7 +15,7 @@ measured once (`minillm.cpu_select`, `groups` below, on a decode step shaped lik
 engine's); `preferred()` is the answer `attention.paged.choose_decode_path` takes.
 
 The contiguous cache of `minillm.generate` ([B, max_seq, Hkv, D] per layer) is a paged cache
-too: blocks of max_seq slots, row b being block b (`decode_contiguous`). There the
+too: blocks of max_seq slots, row b being block b (`ContiguousDecode`). There the
 alternative is SDPA straight over the cache (no gather), and a batch-1 decode step calls
 attention 30 times: SDPA's per-call setup cost ~9 µs more than the kernel's, a quarter of a
 millisecond per step. That choice is measured separately (`contiguous_preferred()`).
@@ -76,9 +76,10 @@ def context_bucket(length: int) -> str:
 MEASURE_LAYERS = 4
 
 
-# The contiguous groups, one per dtype: batch-1 decode over generate's cache
-# (CONTEXT_BUCKETS). In bf16 the alternative is SDPA in bf16, about twice its fp32 time.
-CONTIGUOUS_DTYPES = (torch.float32, torch.bfloat16)
+# The cache dtypes the kernel reads, and the contiguous groups, one per dtype: batch-1
+# decode over generate's cache (CONTEXT_BUCKETS). In bf16 the alternative is SDPA in bf16,
+# about twice its fp32 time.
+DTYPES = (torch.float32, torch.bfloat16)
 
 
 def contiguous_group(dtype: torch.dtype) -> str:
@@ -95,7 +96,7 @@ def groups(isas: tuple[str, ...]) -> list[cpu_select.Group]:
                              "gather", _workload),
             *(cpu_select.Group("paged_decode", contiguous_group(dtype), tuple(CONTEXT_BUCKETS),
                                (variant,), "sdpa", _contiguous_workload(dtype))
-              for dtype in CONTIGUOUS_DTYPES)]
+              for dtype in DTYPES)]
 
 
 def _contiguous_workload(dtype: torch.dtype):
@@ -151,9 +152,9 @@ def _workload(variant: str, bucket: str):
 
 
 def supports(k_cache: torch.Tensor) -> bool:
-    """Can the kernel serve this cache? fp32 or bf16 on the CPU, head_dim a multiple of 8
-    (q must have the cache's dtype)."""
-    return (k_cache.device.type == "cpu" and k_cache.dtype in (torch.float32, torch.bfloat16)
+    """Can the kernel serve this cache? `DTYPES` on the CPU, head_dim a multiple of 8 (q must
+    have the cache's dtype)."""
+    return (k_cache.device.type == "cpu" and k_cache.dtype in DTYPES
             and k_cache.shape[-1] % 8 == 0)
 
 
@@ -179,19 +180,16 @@ def paged_decode_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError(str(e).splitlines()[0]) from None
 
 
-def decode_contiguous(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      length: int, sm_scale: float | None = None) -> torch.Tensor:
-    """One query per row over a contiguous cache: q [B, Hq, D], k_cache / v_cache
-    [B, max_seq, Hkv, D] (fp32 or bf16, contiguous) whose first `length` slots of every row are
-    filled -> [B, Hq, D]. The cache is read in place as B blocks of max_seq slots."""
-    return ContiguousDecode(k_cache.shape[0])(q, k_cache, v_cache, length, sm_scale)
-
-
 class ContiguousDecode:
-    """`decode_contiguous` for the layers of one generation: the block table (row b is block
-    b) is made once, the context lengths once per step, and the 30 layers of a step share
-    them. Made with the generation's context, before its prefill, so that every decode step
-    issues the same operators (`measure.count_step_ops` counts them per step)."""
+    """One query per row over a contiguous cache, for the layers of one generation of batch
+    B: `self(q [B, Hq, D], k_cache, v_cache [B, max_seq, Hkv, D], length)` -> [B, Hq, D],
+    the caches (fp32 or bf16, contiguous) filled in their first `length` slots of every row
+    and read in place as B blocks of max_seq slots.
+
+    The block table (row b is block b) is made once, the context lengths once per step, and
+    the 30 layers of a step share them. Made with the generation's context, before its
+    prefill, so that every decode step issues the same operators (`measure.count_step_ops`
+    counts them per step)."""
 
     def __init__(self, batch: int):
         self.block_tables = torch.arange(batch, dtype=torch.int32)[:, None]

@@ -28,7 +28,7 @@ torch backend has two (the C++ kernel on the CPU, or PyTorch's gather), every ot
 has its own paged kernel. `choose_decode_path` is the one place that picks it (the engine
 calls it once and records the result in `engine.config.decode_path`):
 
-- "kernel": on the CPU with the torch backend and an fp32 cache, the C++ kernel of
+- "kernel": on the CPU with the torch backend and an fp32 or bf16 cache, the C++ kernel of
   `minillm.attention.cpu_decode` reads K/V in place through the block tables: the cache is
   read once, with no copy. It is the default there when it builds and the measurement of
   `minillm.cpu_select` found it faster than "gather" on this host (`cpu_decode.preferred`).
@@ -70,8 +70,9 @@ def choose_decode_path(backend, kv_cache: PagedKVCache, requested: str | None = 
         raise ValueError(f"decode_path must be None (choose) or one of {DECODE_PATHS}, "
                          f"got {requested!r}")
     if requested == "kernel" and not kernel_ok:
-        raise ValueError(f"decode_path='kernel' needs an fp32 cache on the CPU with head_dim a "
-                         f"multiple of 8 and the C++ kernel built (MINILLM_CPU_KERNEL not 0); "
+        raise ValueError(f"decode_path='kernel' needs an fp32 or bf16 cache on the CPU with "
+                         f"head_dim a multiple of 8 and the C++ kernel built "
+                         f"(MINILLM_CPU_KERNEL not 0); "
                          f"this cache is {kv_cache.dtype} on {kv_cache.device} with head_dim "
                          f"{kv_cache.head_dim}: pass None (choose) or 'gather'")
     return requested

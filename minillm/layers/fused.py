@@ -174,8 +174,8 @@ def rope_(heads: torch.Tensor, num_rotated: int, cos: torch.Tensor, sin: torch.T
             and cos.dtype == sin.dtype == torch.float32):
         return None
     rows = heads.shape[0] * heads.shape[1]
-    kernel.rope_(heads.view(rows, heads.shape[2], D), num_rotated,
-                        cos.reshape(rows, D), sin.reshape(rows, D))
+    kernel.rope_(heads.view(rows, heads.shape[2], D), num_rotated, cos.reshape(rows, D),
+                 sin.reshape(rows, D))
     if kv_write is not None:
         kv_write.store(heads[:, :, num_rotated - num_kv:num_rotated], heads[:, :, num_rotated:])
     return heads

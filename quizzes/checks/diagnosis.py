@@ -29,7 +29,6 @@ from .values import _as_numpy, _is_tensor
 __all__ = ["diagnose", "diagnose_shape", "name_factor"]
 
 
-
 def _numeric(x: Any) -> np.ndarray | None:
     try:
         if _is_tensor(x) or isinstance(x, np.ndarray):

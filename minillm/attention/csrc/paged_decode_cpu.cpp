@@ -232,5 +232,5 @@ torch::Tensor paged_decode_cpu(const torch::Tensor& q, const torch::Tensor& k_ca
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_cpu", &paged_decode_cpu,
-        "Decode attention over a paged KV cache, K/V read in place (CPU, float32)");
+        "Decode attention over a paged KV cache, K/V read in place (CPU, float32 or bfloat16)");
 }
