@@ -77,6 +77,44 @@ def test_kernel_head_dim_64_and_long_context():
     torch.testing.assert_close(out, ref, **TOL)
 
 
+@pytest.mark.parametrize("threads", [2, 3, 4])
+@pytest.mark.parametrize("lens", [[63], [64], [65, 7], [517], [200, 33], [1000, 999, 40]])
+def test_fewer_sequences_than_threads_split_each_over_its_positions(threads, lens):
+    """Batch below the thread count: each sequence is cut into chunks of positions whose
+    boundaries fall inside blocks, and their softmax partials merged. Peaked scores (a large
+    q) make the chunk maxima differ by far more than exp's range, so a merge that did not
+    rescale by exp(m_c - M) would give inf or NaN. Equal to the reference, and to the same
+    call on one thread (no split)."""
+    g = torch.Generator().manual_seed(sum(lens) + threads)
+    block_size, B = 16, len(lens)
+    blocks = [-(-n // block_size) for n in lens]
+    cache = PagedKVCache(1, sum(blocks) + 3, block_size, 3, 64)
+    cache.k_caches[0].copy_(torch.randn(cache.k_caches[0].shape, generator=g))
+    cache.v_caches[0].copy_(torch.randn(cache.v_caches[0].shape, generator=g))
+    perm = torch.randperm(sum(blocks) + 3, generator=g).tolist()
+    tables, at = [], 0
+    for n in blocks:
+        tables.append(perm[at:at + n])
+        at += n
+    for i in perm[at:]:  # blocks nobody owns: any read of them shows as NaN
+        cache.k_caches[0][i], cache.v_caches[0][i] = float("nan"), float("nan")
+    tables = block_table_tensor(tables)
+    lens = torch.tensor(lens, dtype=torch.int32)
+    q = 20 * torch.randn(B, 9, 64, generator=g)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        split = cpu_decode.paged_decode_cpu(q, cache.k_caches[0], cache.v_caches[0], tables, lens)
+        torch.set_num_threads(1)
+        whole = cpu_decode.paged_decode_cpu(q, cache.k_caches[0], cache.v_caches[0], tables, lens)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.isfinite(split).all()
+    ref = paged_decode_attention_ref(q, cache.k_caches[0], cache.v_caches[0], tables, lens)
+    torch.testing.assert_close(split, ref, **TOL)
+    torch.testing.assert_close(split, whole, **TOL)
+
+
 @pytest.mark.parametrize("change, match", [
     (lambda a: a.update(lens=torch.tensor([0, 1, 1, 1, 1])), r"context_lens\[0\] = 0"),
     (lambda a: a.update(lens=torch.tensor([1, 1, 1, 1, 10_000])), r"context_lens\[4\] = 10000"),
@@ -161,7 +199,7 @@ def test_contiguous_cache_length_out_of_range_is_refused(length):
         cpu_decode.ContiguousDecode(1)(torch.zeros(1, 9, 64), k, k, length)
 
 
-def _record_kernel_lengths(monkeypatch) -> list[int]:
+def record_kernel_lengths(monkeypatch) -> list[int]:
     """The context lengths of every attention call that generate() sends to the kernel."""
     lengths, real = [], cpu_decode.ContiguousDecode.__call__
 
@@ -176,7 +214,7 @@ def test_generate_decodes_through_the_kernel_where_chosen(monkeypatch, tiny_mode
     """Every decode step of every layer takes the kernel (MINILLM_CPU_KERNEL=default in the
     tests); the tokens equal those of SDPA (the kernel off for this shape)."""
     import minillm
-    lengths = _record_kernel_lengths(monkeypatch)
+    lengths = record_kernel_lengths(monkeypatch)
     prompt = [5, 9, 3, 7]
     with_kernel = minillm.generate(tiny_model, prompt, 12, ignore_eos=True)
     layers = tiny_model.config.num_layers
@@ -196,7 +234,7 @@ def test_the_choice_is_per_bucket_of_context_lengths(monkeypatch, tiny_model):
     monkeypatch.setattr(cpu_select, "choice", lambda kernel, group, bucket: "sdpa" if (
         group == cpu_decode.contiguous_group(torch.float32) and bucket == "context 1-127")
         else real(kernel, group, bucket))
-    lengths = _record_kernel_lengths(monkeypatch)
+    lengths = record_kernel_lengths(monkeypatch)
     minillm.generate(tiny_model, list(range(3, 123)), 16, ignore_eos=True)  # lengths 121..135
     assert sorted(set(lengths)) == list(range(128, 136))
     assert [cpu_decode.context_bucket(n) for n in (1, 127, 128, 511, 512, 4096)] == [
@@ -209,7 +247,7 @@ def test_a_bf16_model_decodes_through_the_kernel(monkeypatch, tiny_model):
     tokens agree with SDPA's on most positions (bf16 rounds differently in the two)."""
     import minillm
     model = tiny_model.to(torch.bfloat16)
-    lengths = _record_kernel_lengths(monkeypatch)
+    lengths = record_kernel_lengths(monkeypatch)
     with_kernel = minillm.generate(model, [5, 9, 3, 7], 12, ignore_eos=True)
     assert len(lengths) == 11 * model.config.num_layers
     monkeypatch.setattr(cpu_decode, "contiguous_preferred", lambda length, dtype: False)
@@ -222,7 +260,7 @@ def test_generate_keeps_sdpa_where_the_kernel_cannot_serve(monkeypatch, tiny_mod
     import minillm
     from minillm.attention import ContiguousCacheContext
     from minillm.kv_cache import KVCache
-    lengths = _record_kernel_lengths(monkeypatch)
+    lengths = record_kernel_lengths(monkeypatch)
     minillm.generate_batch(tiny_model, [[5, 9, 3], [4]], 6)  # padded: a mask
     assert lengths == []
     cache = KVCache(tiny_model.config, 1, 32)

@@ -57,9 +57,9 @@ def contiguous_preferred(length: int, dtype: torch.dtype = torch.float32) -> boo
 
 
 # Buckets of the contiguous group, by context length, each measured at the length given. At
-# batch 1 the kernel runs on one thread (its work item is a sequence) while SDPA splits the
-# heads over all of them: the kernel's lower fixed cost wins short contexts, and on 2 cores
-# SDPA's threads win long ones.
+# batch 1 the kernel splits the sequence's positions over the threads from 64 positions on
+# (split-K, see the .cpp), and SDPA splits the heads: the two differ in fixed cost per call
+# (short contexts) and in how they stream the cache (long ones), so each bucket is measured.
 CONTEXT_BUCKETS = {"context 1-127": 64, "context 128-511": 256, "context 512+": 1024}
 
 
@@ -108,14 +108,23 @@ def _contiguous_workload(dtype: torch.dtype):
     return make
 
 
+# A batch-1 step's attention over all of SmolLM2's layers: each layer's cache is read once
+# per step and is cold by then (the layer's weights streamed through the caches since), so
+# the measurement streams a whole step's K/V (24 MB at 1024 positions in bf16) rather than
+# re-reading a few layers that stay in L2/L3. Timed over 4 warm layers, the kernel's one
+# thread at 1024 positions lost to SDPA's two, while over generate's real step it won
+# (benchmarks/long_context_decode.py).
+CONTIGUOUS_LAYERS = 30
+
+
 def _contiguous_pass(variant: str, dtype: torch.dtype, length: int):
     from .backends import decode_attention
 
     g = torch.Generator().manual_seed(0)
-    hq, hkv, dim, max_seq = 9, 3, 64, 2048
+    hq, hkv, dim, max_seq = 9, 3, 64, length + 1
     caches = [(torch.randn(1, max_seq, hkv, dim, generator=g).to(dtype),
                torch.randn(1, max_seq, hkv, dim, generator=g).to(dtype))
-              for _ in range(MEASURE_LAYERS)]
+              for _ in range(CONTIGUOUS_LAYERS)]
     q = torch.randn(1, hq, dim, generator=g).to(dtype)
     if variant == "sdpa":  # what TorchBackend.dense runs for one query over the cache
         return lambda: [decode_attention(q, k[:, :length].transpose(1, 2),

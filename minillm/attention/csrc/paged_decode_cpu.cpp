@@ -9,10 +9,11 @@
 // + t % block_size. Only the first context_lens[b] positions are read, and every block id
 // they lead to is checked before any is followed.
 //
-// Work item = one sequence (at::parallel_for over the batch, on PyTorch's intra-op threads).
-// Its blocks are walked front to back; a slot's Hkv heads are adjacent in memory, so each
-// K/V row is streamed once and serves the G = Hq / Hkv query heads that share it
-// (grouped-query attention). Softmax is two-pass and exact: the scores (Hq x context floats,
+// Work item = one sequence (at::parallel_for over the batch, on PyTorch's intra-op threads),
+// or, when the batch is smaller than the thread count, a chunk of its positions (split-K,
+// see plan_chunks). Its blocks are walked front to back; a slot's Hkv heads are adjacent in
+// memory, so each K/V row is streamed once and serves the G = Hq / Hkv query heads that
+// share it (grouped-query attention). Softmax is two-pass and exact: the scores (Hq x context floats,
 // a few KB) are kept, max-subtracted, exponentiated, and the output divided by their sum.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -54,40 +55,116 @@ inline void group_scores(const float* __restrict q, const T* __restrict k, int64
   }
 }
 
-// out[0 .. 8 NV) = inv_sum * sum_t p[t] v_t[0 .. 8 NV), for one query head: the NV vector
-// accumulators stay in registers over the whole context (NV <= 8: 64 floats), so each V row
-// costs NV loads and NV FMAs, with no load and store of the output per token.
+// The blocks of one sequence's table that positions [begin, end) fall in, walked front to
+// back: fn(slot pointer offset of position t0 in elements, t0, n) for each run of n
+// positions t0 .. t0 + n - 1 that lie in one block.
+template <typename Fn>
+inline void for_each_run(const int32_t* table, int64_t begin, int64_t end, int64_t block_size,
+                         int64_t slot_stride, Fn&& fn) {
+  for (int64_t t0 = begin; t0 < end;) {
+    const int64_t n = std::min(block_size - t0 % block_size, end - t0);
+    fn((static_cast<int64_t>(table[t0 / block_size]) * block_size + t0 % block_size) *
+           slot_stride,
+       t0, n);
+    t0 += n;
+  }
+}
+
+// out[0 .. 8 NV) = inv_sum * sum_t p[t - begin] v_t[0 .. 8 NV) over positions [begin, end),
+// for one query head: the NV vector accumulators stay in registers over the whole range
+// (NV <= 8: 64 floats), so each V row costs NV loads and NV FMAs, with no load and store
+// of the output per token.
 template <typename T, int NV>
 inline void weighted_sum(const float* __restrict p, const T* __restrict v_base,
-                         const int32_t* table, int64_t L, int64_t block_size,
+                         const int32_t* table, int64_t begin, int64_t end, int64_t block_size,
                          int64_t slot_stride, float inv_sum, float* __restrict out) {
   vf8 acc[NV] = {};
-  for (int64_t t0 = 0; t0 < L; t0 += block_size) {
-    const T* vb = v_base + static_cast<int64_t>(table[t0 / block_size]) * block_size *
-                               slot_stride;
-    const int64_t n = std::min(block_size, L - t0);
+  for_each_run(table, begin, end, block_size, slot_stride,
+               [&](int64_t at, int64_t t0, int64_t n) {
+    const T* vb = v_base + at;
+    const float* pb = p + (t0 - begin);
     for (int64_t i = 0; i < n; ++i) {
       const T* v = vb + i * slot_stride;
-      const float pt = p[t0 + i];
+      const float pt = pb[i];
 #pragma GCC unroll 8
       for (int j = 0; j < NV; ++j) acc[j] += pt * load8(v + 8 * j);
     }
-  }
+  });
 #pragma GCC unroll 8
   for (int j = 0; j < NV; ++j) *reinterpret_cast<vf8*>(out + 8 * j) = acc[j] * inv_sum;
 }
 
 template <typename T>
 using WeightedSum = void (*)(const float*, const T*, const int32_t*, int64_t, int64_t, int64_t,
-                             float, float*);
+                             int64_t, float, float*);
 template <typename T>
 constexpr WeightedSum<T> WEIGHTED_SUM[9] = {
     nullptr,           weighted_sum<T, 1>, weighted_sum<T, 2>, weighted_sum<T, 3>,
     weighted_sum<T, 4>, weighted_sum<T, 5>, weighted_sum<T, 6>, weighted_sum<T, 7>,
     weighted_sum<T, 8>};
 
-// The attention of every sequence (see the work split below): q and out fp32 [B, Hq, D],
-// the caches of element type T, every index already checked by paged_decode_cpu.
+// Positions [begin, end) of sequence b: the work item. A sequence is one chunk unless the
+// batch is smaller than the thread count (see `plan_chunks`).
+struct Chunk {
+  int64_t b, begin, end;
+};
+
+// The chunks of a step, in sequence order. With at least as many sequences as threads,
+// every sequence is one chunk: the threads share the batch, each sequence read by one
+// thread. With fewer (batch-1 decode on 2 cores), a lone sequence would leave the other
+// threads idle while SDPA splits its heads over all of them, so each long sequence is cut
+// into up to `threads` chunks of contiguous positions (split-K, "flash decoding"): each
+// chunk keeps its softmax partial (max, sum, unnormalised output) and `merge_chunks`
+// combines them. kMinChunk: a chunk shorter than this costs more in the threads' start
+// and the merge than it saves. Measured at batch 1 on 2 threads (Zen 5,
+// benchmarks/paged_decode_cpu.py --seqs 1): 32 positions whole beat two chunks of 16 by
+// 1.10x, 64 positions in two chunks beat them whole by 1.2x, and at 256-4096 positions two
+// chunks were 1.65-1.86x one.
+constexpr int64_t kMinChunk = 32;
+
+std::vector<Chunk> plan_chunks(const int32_t* lens, int64_t B, int64_t threads) {
+  std::vector<Chunk> chunks;
+  chunks.reserve(B >= threads ? B : B * threads);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t L = lens[b];
+    const int64_t n = B >= threads ? 1 : std::clamp<int64_t>(L / kMinChunk, 1, threads);
+    for (int64_t c = 0; c < n; ++c) chunks.push_back({b, L * c / n, L * (c + 1) / n});
+  }
+  return chunks;
+}
+
+// Each split sequence's output from its chunks' partials: with M the largest chunk max and
+// w_c = exp(m_c - M), out = sum_c w_c out_c / sum_c w_c sum_c, the softmax over all its
+// positions, exactly (up to the order of the fp32 sums). Sequences of one chunk were written
+// in place by attend and are skipped.
+inline void merge_chunks(const std::vector<Chunk>& chunks, const std::vector<float>& part_max,
+                         const std::vector<float>& part_sum, const std::vector<float>& part_out,
+                         int64_t Hq, int64_t D, float* op) {
+  const int64_t C = static_cast<int64_t>(chunks.size());
+  for (int64_t i = 0, e = 0; i < C; i = e) {  // chunks i .. e - 1 are sequence b's
+    const int64_t b = chunks[i].b;
+    for (e = i + 1; e < C && chunks[e].b == b;) ++e;
+    if (e - i == 1) continue;
+    for (int64_t r = 0; r < Hq; ++r) {
+      float m = part_max[i * Hq + r];
+      for (int64_t k = i + 1; k < e; ++k) m = std::max(m, part_max[k * Hq + r]);
+      float denom = 0.f;
+      float* o = op + (b * Hq + r) * D;
+      std::fill(o, o + D, 0.f);
+      for (int64_t k = i; k < e; ++k) {
+        const float w = std::exp(part_max[k * Hq + r] - m);
+        denom += w * part_sum[k * Hq + r];
+        const float* pk = part_out.data() + (k * Hq + r) * D;
+        for (int64_t d = 0; d < D; ++d) o[d] += w * pk[d];
+      }
+      const float inv = 1.f / denom;
+      for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+    }
+  }
+}
+
+// The attention of every chunk (see the work split below): q and out fp32 [B, Hq, D], the
+// caches of element type T, every index already checked by paged_decode_cpu.
 template <typename T>
 void attend(const float* qp, const T* kp, const T* vp, float* op, const int32_t* tables,
             const int32_t* lens, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
@@ -97,59 +174,68 @@ void attend(const float* qp, const T* kp, const T* vp, float* op, const int32_t*
   const int64_t slot_stride = Hkv * D;  // elements between consecutive slots
   constexpr int64_t kLine = 64 / sizeof(T);  // elements in a cache line
 
-  // Work item = one sequence: its blocks are read front to back, and each block is one
-  // sequential read (its slots, each with all Hkv heads, are adjacent). Pass 1 prefetches
-  // the next block (see there). That gained nothing while the kernel was compute-bound;
-  // once pass 2 kept its sums in registers it made the kernel 1.5x faster
+  // Work item = one chunk of one sequence: its blocks are read front to back, and each
+  // block is one sequential read (its slots, each with all Hkv heads, are adjacent). Pass 1
+  // prefetches the next block (see there). That gained nothing while the kernel was
+  // compute-bound; once pass 2 kept its sums in registers it made the kernel 1.5x faster
   // (benchmarks/paged_decode_cpu.py).
-  // The threads get runs of sequences with equal total context, not equal counts: the
-  // engine sorts its decodes by context length, so equal counts would hand one thread all
-  // the long ones (measured: the step's attention took up to 1.4x as long).
-  const int64_t parts = std::min<int64_t>(B, at::get_num_threads());
-  std::vector<int64_t> first(parts + 1, B);  // sequences first[p] .. first[p + 1] - 1
+  // The threads get runs of chunks with equal total context, not equal counts: the engine
+  // sorts its decodes by context length, so equal counts would hand one thread all the long
+  // ones (measured: the step's attention took up to 1.4x as long).
+  const std::vector<Chunk> chunks = plan_chunks(lens, B, at::get_num_threads());
+  const int64_t C = static_cast<int64_t>(chunks.size());
+  const int64_t parts = std::min<int64_t>(C, at::get_num_threads());
+  std::vector<int64_t> first(parts + 1, C);  // chunks first[p] .. first[p + 1] - 1
   {
     int64_t total = 0, seen = 0, p = 0;
-    for (int64_t b = 0; b < B; ++b) total += lens[b];
+    for (const Chunk& c : chunks) total += c.end - c.begin;
     first[0] = 0;
-    for (int64_t b = 0; b < B && p + 1 < parts; ++b) {
-      seen += lens[b];
-      if (seen * parts >= total * (p + 1)) first[++p] = b + 1;
+    for (int64_t i = 0; i < C && p + 1 < parts; ++i) {
+      seen += chunks[i].end - chunks[i].begin;
+      if (seen * parts >= total * (p + 1)) first[++p] = i + 1;
     }
   }
+  // A split sequence's chunks leave their partials here, [C, Hq] maxima and sums and
+  // [C, Hq, D] unnormalised outputs, for merge_chunks (only split chunks write them).
+  const bool split = C > B;
+  std::vector<float> part_max(split ? C * Hq : 0), part_sum(split ? C * Hq : 0),
+      part_out(split ? C * Hq * D : 0);
   at::parallel_for(0, parts, 1, [&](int64_t part_begin, int64_t part_end) {
-    std::vector<float> scores;  // [Hq, L] for the current sequence
+    std::vector<float> scores;  // [Hq, L] for the current chunk of L positions
     std::vector<float> inv_sum(Hq);
-    for (int64_t b = first[part_begin]; b < first[part_end]; ++b) {
-      const int64_t L = lens[b];
-      const float* qb = qp + b * Hq * D;
-      float* ob = op + b * Hq * D;
-      const int32_t* table = tables + b * max_blocks;
+    for (int64_t i = first[part_begin]; i < first[part_end]; ++i) {
+      const Chunk& c = chunks[i];
+      const int64_t L = c.end - c.begin;
+      const bool whole = L == lens[c.b];  // the sequence's only chunk: normalise in place
+      const float* qb = qp + c.b * Hq * D;
+      float* ob = whole ? op + c.b * Hq * D : part_out.data() + i * Hq * D;
+      const int32_t* table = tables + c.b * max_blocks;
       scores.resize(Hq * L);
       // Pass 1: scores = q . k * scale, block by block (one table lookup per block).
-      for (int64_t t0 = 0; t0 < L; t0 += block_size) {
-        const T* kb = kp + static_cast<int64_t>(table[t0 / block_size]) * block_size *
-                                   slot_stride;
-        const int64_t n = std::min(block_size, L - t0);
+      for_each_run(table, c.begin, c.end, block_size, slot_stride,
+                   [&](int64_t at, int64_t t0, int64_t n) {
+        const T* kb = kp + at;
+        const T* vb = vp + at;
         // The next block is elsewhere in memory, where the hardware prefetcher cannot
-        // guess: fetch it while this one is computed, slot i of the next with slot i here,
-        // K for the rest of this pass and V of this block for pass 2.
-        const bool more = t0 + block_size < L;
-        const T* kn = more ? kp + static_cast<int64_t>(table[t0 / block_size + 1]) *
+        // guess: fetch it while this one is computed, slot j of the next with slot j here,
+        // K for the rest of this pass and V of this run for pass 2.
+        const int64_t next = t0 + n;
+        const bool more = next < c.end;
+        const T* kn = more ? kp + static_cast<int64_t>(table[next / block_size]) *
                                           block_size * slot_stride
                                : kb;
-        const T* vb = vp + static_cast<int64_t>(table[t0 / block_size]) * block_size *
-                                   slot_stride;
-        for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
           for (int64_t f = 0; f < slot_stride; f += kLine) {
-            if (more) __builtin_prefetch(kn + i * slot_stride + f);
-            __builtin_prefetch(vb + i * slot_stride + f);
+            if (more) __builtin_prefetch(kn + j * slot_stride + f);
+            __builtin_prefetch(vb + j * slot_stride + f);
           }
           for (int64_t h = 0; h < Hkv; ++h)
-            group_scores(qb + h * G * D, kb + i * slot_stride + h * D, G, D, scale,
-                         scores.data() + h * G * L + t0 + i, L);
+            group_scores(qb + h * G * D, kb + j * slot_stride + h * D, G, D, scale,
+                         scores.data() + h * G * L + t0 - c.begin + j, L);
         }
-      }
-      // Softmax numerators, and the reciprocal of each query head's denominator.
+      });
+      // Softmax numerators, and the reciprocal of each query head's denominator (or, for a
+      // chunk of a split sequence, its max and sum, and no division: merge_chunks divides).
       for (int64_t r = 0; r < Hq; ++r) {
         float* s = scores.data() + r * L;
         float m = s[0];
@@ -159,17 +245,22 @@ void attend(const float* qp, const T* kp, const T* vp, float* op, const int32_t*
           s[t] = std::exp(s[t] - m);
           sum += s[t];
         }
-        inv_sum[r] = 1.f / sum;
+        inv_sum[r] = whole ? 1.f / sum : 1.f;
+        if (!whole) {
+          part_max[i * Hq + r] = m;
+          part_sum[i * Hq + r] = sum;
+        }
       }
       // Pass 2: out = sum_t p_t * v_t / denominator, query head by query head, 64 output
       // floats at a time (the G heads of a KV head re-read its V rows from cache).
       for (int64_t r = 0; r < Hq; ++r)  // query head r reads KV head r / G
         for (int64_t d0 = 0; d0 < D; d0 += 64)
           WEIGHTED_SUM<T>[std::min<int64_t>(8, (D - d0) / 8)](
-              scores.data() + r * L, vp + (r / G) * D + d0, table, L, block_size, slot_stride,
-              inv_sum[r], ob + r * D + d0);
+              scores.data() + r * L, vp + (r / G) * D + d0, table, c.begin, c.end,
+              block_size, slot_stride, inv_sum[r], ob + r * D + d0);
     }
   });
+  if (split) merge_chunks(chunks, part_max, part_sum, part_out, Hq, D, op);
 }
 
 }  // namespace
