@@ -66,12 +66,10 @@ def main():
     if kernels["this tree"] is None:
         sys.exit("the CPU paged-decode kernel is not available here (see the warning above)")
     if args.compare_source is not None:
-        from torch.utils.cpp_extension import load
-        name, flags = cpp_extension.build_flags("paged_decode_compare")
-        kernels[str(args.compare_source)] = load(
-            name, [str(args.compare_source)], extra_cflags=flags,
-            extra_include_paths=[str(cpp_extension.INCLUDE)],
-            extra_ldflags=["-fopenmp"] if "-fopenmp" in flags else [])
+        kernels[str(args.compare_source)] = cpp_extension.load(
+            "minillm_paged_decode_compare", args.compare_source, "nothing to compare")
+        if kernels[str(args.compare_source)] is None:
+            sys.exit(f"--compare-source {args.compare_source} did not build (see above)")
     q, cache, tables, lens = build_step(args.seqs, args.min_len, args.max_len)
     scale = D ** -0.5
     outs = [k.paged_decode_cpu(q, cache.k_caches[0], cache.v_caches[0], tables, lens, scale)

@@ -16,7 +16,7 @@ module never imports its callers: `main` imports the subpackages that hold C++ s
 builds whatever registered itself.
 
 A source can be built for several instruction sets (`ISAS`: avx2, avx512, avx512bf16; a
-build's name ends in its ISA, and `load(..., isa=...)` defines MINILLM_ISA so that each
+build's name ends in its ISA and a hash of its sources and flags, `source_digest`, and `load(..., isa=...)` defines MINILLM_ISA so that each
 build names its operators apart). The small-M linear and the W4/W8 kernels are built for
 every ISA this CPU runs, and `minillm.cpu_select` measures which build, or the PyTorch
 path, runs each bucket of shapes here.
@@ -30,6 +30,7 @@ kernel's default build everywhere, not measured; avx2, avx512 or avx512bf16, tha
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import os
 import sys
@@ -175,7 +176,8 @@ def load(stem: str, source: Path, fallback: str, avx512: bool = False,
         try:
             from torch.utils.cpp_extension import load as cpp_load
 
-            _loaded[key] = cpp_load(name, [str(source)], extra_cflags=flags,
+            _loaded[key] = cpp_load(f"{name}_{source_digest(source, flags)}", [str(source)],
+                                    extra_cflags=flags,
                                     extra_include_paths=[str(INCLUDE)],
                                     extra_ldflags=["-fopenmp"] if "-fopenmp" in flags else [],
                                     verbose=False)
@@ -189,6 +191,21 @@ def load(stem: str, source: Path, fallback: str, avx512: bool = False,
             if on_load is not None:
                 on_load(_loaded[key])
     return _loaded[key]
+
+
+def source_digest(source: Path, flags: list[str]) -> str:
+    """A short hash of what a build is made of: `source`, the shared headers and `flags`.
+
+    It ends the extension's name, so a build folder holds exactly one version of a kernel.
+    Two checkouts of different versions on one machine (a worktree, an older commit built to
+    compare) then build side by side instead of rebuilding one folder in turn, and a process
+    waiting on another's build lock never loads a build of other sources. The cost: a folder
+    per version in the extension cache (a few MB each)."""
+    h = hashlib.sha256()
+    for path in (source, *sorted(INCLUDE.glob("*.h"))):
+        h.update(path.read_bytes())
+    h.update("\0".join(flags).encode())
+    return h.hexdigest()[:12]
 
 
 def kernel_packages() -> list[str]:
