@@ -78,13 +78,15 @@ def test_kernel_head_dim_64_and_long_context():
 
 
 @pytest.mark.parametrize("threads", [2, 3, 4])
-@pytest.mark.parametrize("lens", [[63], [64], [65, 7], [517], [200, 33], [1000, 999, 40]])
-def test_fewer_sequences_than_threads_split_each_over_its_positions(threads, lens):
-    """Batch below the thread count: each sequence is cut into chunks of positions whose
-    boundaries fall inside blocks, and their softmax partials merged. Peaked scores (a large
-    q) make the chunk maxima differ by far more than exp's range, so a merge that did not
-    rescale by exp(m_c - M) would give inf or NaN. Equal to the reference, and to the same
-    call on one thread (no split)."""
+@pytest.mark.parametrize("lens", [[63], [64], [65, 7], [517], [200, 33], [1000, 999, 40],
+                                  [300, 300, 300], [40, 700, 64, 90, 33]])
+def test_sequences_cut_by_the_threads_shares_are_split_over_their_positions(threads, lens):
+    """The step's positions are cut into equal shares, one per thread: a sequence a cut
+    falls inside (a lone one at batch 1, or the middle one of three equal ones on 2 threads)
+    is split into chunks whose boundaries fall inside blocks, and their softmax partials
+    merged. Peaked scores (a large q) make the chunk maxima differ by far more than exp's
+    range, so a merge that did not rescale by exp(m_c - M) would give inf or NaN. Equal to
+    the reference, and to the same call on one thread (no split)."""
     g = torch.Generator().manual_seed(sum(lens) + threads)
     block_size, B = 16, len(lens)
     blocks = [-(-n // block_size) for n in lens]

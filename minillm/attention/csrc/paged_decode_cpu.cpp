@@ -9,12 +9,12 @@
 // + t % block_size. Only the first context_lens[b] positions are read, and every block id
 // they lead to is checked before any is followed.
 //
-// Work item = one sequence (at::parallel_for over the batch, on PyTorch's intra-op threads),
-// or, when the batch is smaller than the thread count, a chunk of its positions (split-K,
-// see plan_chunks). Its blocks are walked front to back; a slot's Hkv heads are adjacent in
-// memory, so each K/V row is streamed once and serves the G = Hq / Hkv query heads that
-// share it (grouped-query attention). Softmax is two-pass and exact: the scores (Hq x context floats,
-// a few KB) are kept, max-subtracted, exponentiated, and the output divided by their sum.
+// Work item = a sequence, or a chunk of its positions where the threads' equal shares of the
+// step cut it (split-K, see plan_work; at::parallel_for on PyTorch's intra-op threads). Its
+// blocks are walked front to back; a slot's Hkv heads are adjacent in memory, so each K/V
+// row is streamed once and serves the G = Hq / Hkv query heads that share it (grouped-query
+// attention). Softmax is two-pass and exact: the scores (Hq x context floats, a few KB) are
+// kept, max-subtracted, exponentiated, and the output divided by their sum.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -103,34 +103,62 @@ constexpr WeightedSum<T> WEIGHTED_SUM[9] = {
     weighted_sum<T, 4>, weighted_sum<T, 5>, weighted_sum<T, 6>, weighted_sum<T, 7>,
     weighted_sum<T, 8>};
 
-// Positions [begin, end) of sequence b: the work item. A sequence is one chunk unless the
-// batch is smaller than the thread count (see `plan_chunks`).
+// Positions [begin, end) of sequence b: the work item (see `plan_work`).
 struct Chunk {
   int64_t b, begin, end;
 };
 
-// The chunks of a step, in sequence order. With at least as many sequences as threads,
-// every sequence is one chunk: the threads share the batch, each sequence read by one
-// thread. With fewer (batch-1 decode on 2 cores), a lone sequence would leave the other
-// threads idle while SDPA splits its heads over all of them, so each long sequence is cut
-// into up to `threads` chunks of contiguous positions (split-K, "flash decoding"): each
-// chunk keeps its softmax partial (max, sum, unnormalised output) and `merge_chunks`
-// combines them. kMinChunk: a chunk shorter than this costs more in the threads' start
-// and the merge than it saves. Measured at batch 1 on 2 threads (Zen 5,
-// benchmarks/paged_decode_cpu.py --seqs 1): 32 positions whole beat two chunks of 16 by
-// 1.10x, 64 positions in two chunks beat them whole by 1.2x, and at 256-4096 positions two
-// chunks were 1.65-1.86x one.
+// The work split of one call: part p (one per thread) runs chunks first[p] .. first[p+1]-1.
+struct Plan {
+  std::vector<Chunk> chunks;  // in batch order, each sequence's front to back
+  std::vector<int64_t> first;
+};
+
+// A chunk shorter than this costs more in the threads' start and the merge than it saves.
+// Measured at batch 1 on 2 threads (Zen 5, benchmarks/paged_decode_cpu.py --seqs 1): 32
+// positions whole beat two chunks of 16 by 1.10x, 64 positions in two chunks beat them
+// whole by 1.2x, and at 256-4096 positions two chunks were 1.65-1.86x one.
 constexpr int64_t kMinChunk = 32;
 
-std::vector<Chunk> plan_chunks(const int32_t* lens, int64_t B, int64_t threads) {
-  std::vector<Chunk> chunks;
-  chunks.reserve(B >= threads ? B : B * threads);
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t L = lens[b];
-    const int64_t n = B >= threads ? 1 : std::clamp<int64_t>(L / kMinChunk, 1, threads);
-    for (int64_t c = 0; c < n; ++c) chunks.push_back({b, L * c / n, L * (c + 1) / n});
+// The step's positions (every sequence's context, in batch order) are cut into equal
+// shares, one per thread. A sequence that lies inside one share is one chunk, read by one
+// thread. A sequence that a cut falls inside is split there (split-K, as "flash decoding"
+// does on a GPU): each chunk keeps its softmax partial (max, sum, unnormalised output) and
+// `merge_chunks` combines them. So batch-1 decode on 2 cores reads its cache on both, where
+// one thread per sequence left the other idle and lost long contexts to SDPA; and a few
+// long sequences are shared evenly, where whole sequences could not be. Equal shares of
+// positions, not of sequences, also because the engine sorts its decodes by context
+// length: equal counts would hand one thread all the long ones (measured: the step's
+// attention took up to 1.4x as long). A cut within kMinChunk of a sequence's edge moves to
+// that edge (shares then differ by less than kMinChunk), so at most parts - 1 sequences
+// are split and no chunk of a split sequence is shorter than kMinChunk.
+Plan plan_work(const int32_t* lens, int64_t B, int64_t threads) {
+  int64_t total = 0;
+  for (int64_t b = 0; b < B; ++b) total += lens[b];
+  const int64_t parts = std::clamp<int64_t>(total / kMinChunk, 1, threads);
+  // cuts[p]: where share p starts among the concatenated positions (non-decreasing).
+  std::vector<int64_t> cuts(parts + 1, total);
+  cuts[0] = 0;
+  for (int64_t p = 1, b = 0, start = 0; p < parts; ++p) {
+    int64_t x = total * p / parts;  // < total, so some sequence b holds it
+    for (; start + lens[b] <= x; ++b) start += lens[b];
+    if (x - start < kMinChunk) x = start;
+    else if (start + lens[b] - x < kMinChunk) x = start + lens[b];
+    cuts[p] = x;
   }
-  return chunks;
+  Plan plan;
+  plan.first.assign(parts + 1, 0);
+  int64_t p = 1;  // the next share whose first chunk is still to be marked
+  for (int64_t b = 0, start = 0; b < B; start += lens[b++]) {
+    for (int64_t begin = 0, end = 0; end < lens[b]; begin = end) {
+      for (; p < parts && cuts[p] <= start + begin; ++p)
+        plan.first[p] = static_cast<int64_t>(plan.chunks.size());
+      end = p < parts && cuts[p] < start + lens[b] ? cuts[p] - start : lens[b];
+      plan.chunks.push_back({b, begin, end});
+    }
+  }
+  for (; p <= parts; ++p) plan.first[p] = static_cast<int64_t>(plan.chunks.size());
+  return plan;
 }
 
 // Each split sequence's output from its chunks' partials: with M the largest chunk max and
@@ -174,27 +202,16 @@ void attend(const float* qp, const T* kp, const T* vp, float* op, const int32_t*
   const int64_t slot_stride = Hkv * D;  // elements between consecutive slots
   constexpr int64_t kLine = 64 / sizeof(T);  // elements in a cache line
 
-  // Work item = one chunk of one sequence: its blocks are read front to back, and each
-  // block is one sequential read (its slots, each with all Hkv heads, are adjacent). Pass 1
-  // prefetches the next block (see there). That gained nothing while the kernel was
-  // compute-bound; once pass 2 kept its sums in registers it made the kernel 1.5x faster
-  // (benchmarks/paged_decode_cpu.py).
-  // The threads get runs of chunks with equal total context, not equal counts: the engine
-  // sorts its decodes by context length, so equal counts would hand one thread all the long
-  // ones (measured: the step's attention took up to 1.4x as long).
-  const std::vector<Chunk> chunks = plan_chunks(lens, B, at::get_num_threads());
+  // Work item = one chunk of one sequence (plan_work): its blocks are read front to back,
+  // and each block is one sequential read (its slots, each with all Hkv heads, are
+  // adjacent). Pass 1 prefetches the next block (see there). That gained nothing while the
+  // kernel was compute-bound; once pass 2 kept its sums in registers it made the kernel
+  // 1.5x faster (benchmarks/paged_decode_cpu.py).
+  const Plan plan = plan_work(lens, B, at::get_num_threads());
+  const std::vector<Chunk>& chunks = plan.chunks;
+  const std::vector<int64_t>& first = plan.first;
   const int64_t C = static_cast<int64_t>(chunks.size());
-  const int64_t parts = std::min<int64_t>(C, at::get_num_threads());
-  std::vector<int64_t> first(parts + 1, C);  // chunks first[p] .. first[p + 1] - 1
-  {
-    int64_t total = 0, seen = 0, p = 0;
-    for (const Chunk& c : chunks) total += c.end - c.begin;
-    first[0] = 0;
-    for (int64_t i = 0; i < C && p + 1 < parts; ++i) {
-      seen += chunks[i].end - chunks[i].begin;
-      if (seen * parts >= total * (p + 1)) first[++p] = i + 1;
-    }
-  }
+  const int64_t parts = static_cast<int64_t>(first.size()) - 1;
   // A split sequence's chunks leave their partials here, [C, Hq] maxima and sums and
   // [C, Hq, D] unnormalised outputs, for merge_chunks (only split chunks write them).
   const bool split = C > B;
