@@ -17,13 +17,9 @@ long_context_decode = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(long_context_decode)
 
 
-@pytest.fixture
-def kernel_calls(monkeypatch) -> list[int]:
-    return record_kernel_lengths(monkeypatch)
-
-
 @pytest.mark.parametrize("way", ["kernel", "sdpa"])
-def test_each_way_is_the_attention_it_names(way, tiny_model, kernel_calls):
+def test_each_way_is_the_attention_it_names(way, tiny_model, monkeypatch):
+    kernel_calls = record_kernel_lengths(monkeypatch)
     with long_context_decode.attention(way):
         seconds, tokens = long_context_decode.step_seconds(tiny_model, list(range(3, 40)), 4)
     assert seconds > 0 and len(tokens) == 5
