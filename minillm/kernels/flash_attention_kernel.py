@@ -19,14 +19,16 @@ Invariants and conventions:
 * A row that sees no key (causal with S < T) gets output 0 and lse -inf, never NaN.
 * Scores are kept in base 2 (``qk * sm_scale * log2(e)``, then ``exp2``): same result,
   cheaper exponent on GPUs. The returned lse is converted back to natural log.
-* dtypes: fp16 / bf16 / fp32 in, fp32 accumulation, output in q's dtype. On CUDA an fp32
-  ``tl.dot`` uses TF32 tensor cores (about 1e-3 relative error); the interpreter is exact.
+* dtypes: fp16 / bf16 / fp32 in, fp32 accumulation, output in q's dtype. fp32 inputs are
+  multiplied in true fp32 on a GPU too (``_dot.dot``: no TF32), as in the interpreter.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from ._dot import dot
 
 LOG2E = 1.4426950408889634
 
@@ -44,7 +46,7 @@ def _attn_tiles(
         kv_mask = (offs_n[:, None] < len_k) & d_mask[None, :]
         k = tl.load(k_base + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd,
                     mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N] fp32, base-2 units
+        s = dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N] fp32, base-2 units
         if MASKED:
             keep = offs_n[None, :] < len_k
             if CAUSAL:
@@ -63,7 +65,7 @@ def _attn_tiles(
         v = tl.load(v_base + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd,
                     mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)
+        acc = dot(p.to(v.dtype), v, acc)
         m_i = m_new
     return acc, m_i, l_i
 

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from . import tuning
+from ._dot import dot
 from .interpreter import interpreter_enabled
 from ._checks import _check_device_dtype, _check_heads, _check_out, _is_integer
 from .flash_attention import _block_d
@@ -95,7 +96,7 @@ def _paged_decode_kernel(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_head + (block_id * stride_kblk + in_block * stride_kt)[:, None]
                     + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_H, BLOCK_N]
+        s = dot(q, tl.trans(k)) * qk_scale  # [BLOCK_H, BLOCK_N]
         s = tl.where(n_mask[None, :], s, float("-inf"))
         # start_n < end, so every tile holds >= 1 real key and m_new is finite.
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -105,7 +106,7 @@ def _paged_decode_kernel(
         v = tl.load(v_head + (block_id * stride_vblk + in_block * stride_vt)[:, None]
                     + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)
+        acc = dot(p.to(v.dtype), v, acc)
         m_i = m_new
 
     empty = l_i == 0.0  # this split holds no token of the sequence

@@ -91,7 +91,7 @@ Invariants:
   GEMV leaves it unread (what it computes there is never stored).
 * Accumulation is fp32. The GEMV path multiplies x by the exact ``u − z`` and scales the
   sum, so it is *more* exact than the plain path (which rounds each ``(u − z) · s`` to x's
-  dtype first); the tiled path rounds x to TF32 when x is fp32 (``tl.dot`` on CUDA).
+  dtype first); the tiled path's fp32 ``tl.dot`` is true fp32 on CUDA too (``_dot.dot``).
 * The counters are one int32 buffer per device (``COUNTER_SLOTS``), allocated by the first
   call (outside a graph capture when the caller warms up first, as the decode graphs and
   the engine do). Split-K launches on one device must not overlap in time (one stream at
@@ -117,6 +117,7 @@ import triton
 import triton.language as tl
 
 from . import tuning
+from ._dot import dot
 from ._checks import _check_device_dtype
 
 __all__ = ["w4a16_linear"]
@@ -340,7 +341,7 @@ def _w4a16_kernel(
             cols = _step_columns(k0, BLOCK_K)
             x = tl.load(x_rows + cols[None, :] * stride_xk, mask=m_mask[:, None], other=0.0)
             # |u - z| <= 15: exact in fp16 / bf16, so only x's rounding enters the product
-            acc2 += tl.dot(x, tl.trans(v.to(x.dtype))) * s[None, :]
+            acc2 += dot(x, tl.trans(v.to(x.dtype))) * s[None, :]
             g, in_group = _next_step(g, in_group, group_size, BLOCK_K)
 
     out_mask = (offs_m < M)[:, None] & n_mask[None, :]
