@@ -17,6 +17,15 @@ against its reference, on fresh random inputs, and timed against the PyTorch pat
   matmul at 256 and 1024 rows; the symmetric g96 / g128 / g192 layouts at M = 1), with the
   GB/s of the int4 + scale bytes it reads against the measured bandwidth.
 
+Small calls are timed inside a CUDA graph (``bench_graph``): a paged-decode or W4A16 call
+at decode's sizes is a few microseconds of GPU work behind tens of microseconds of Python
+and launch, so timed one call at a time (``do_bench``) it measures the host (on the H100,
+2026-11-27: every paged-decode row 50-90 us, a W4A16 GEMV 85 us against 8.5 us for the
+dense matmul beside it). Their ``us`` columns, and what they are compared with, are the
+GPU's time per call replayed from one graph, over copies of the inputs that overflow the L2
+cache; ``eager_us`` keeps the one-at-a-time time (the launch wall, as a user calling the
+kernel from Python pays it).
+
 On a GPU the first call of each shape compiles its kernel (Triton caches it in
 ~/.triton/cache; with --autotune it also measures every tile configuration), so
 ``first_s`` is reported apart from the steady time. In the CPU dry
@@ -39,7 +48,7 @@ from minillm.kernels import (flash_attention, flash_attention_varlen, naive_atte
                              paged_decode_attention, w4a16_linear)
 from minillm.kernels.w4a16 import bucket_of_call as w4a16_bucket
 from minillm.quant import packing, rtn
-from minillm.timing import time_fn
+from minillm.timing import time_fn, time_graph
 
 # Kernel error allowed against the reference, per dtype (fp32 on CUDA: tl.dot uses TF32).
 TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
@@ -58,6 +67,34 @@ def bench(run, fn) -> float:
         return do_bench(fn, warmup=run.pick(25, 10, 0), rep=run.pick(100, 30, 1),
                         return_mode="median")
     return 1e3 * time_fn(fn, warmup=0, repeats=1)
+
+
+# Calls per captured graph at least (its replay's own launch, a few microseconds, is shared
+# by them), and at most: the number of input copies is capped here too.
+GRAPH_CALLS, GRAPH_CALLS_MAX = 20, 128
+
+
+def input_copies(run, nbytes: int) -> int:
+    """How many copies of one call's inputs (`nbytes` each) the graph should cycle through so
+    that, together, they are twice the L2 cache: each call then reads its inputs from memory,
+    as a layer's call does in a model, not from L2 where the previous call left them. 1 in
+    the dry run (no cache to beat, no graph)."""
+    if not run.cuda:
+        return 1
+    l2 = getattr(torch.cuda.get_device_properties(run.device), "L2_cache_size", 0) or 50 * 2**20
+    return int(max(1, min(GRAPH_CALLS_MAX, -(-2 * l2 // max(1, nbytes)))))
+
+
+def bench_graph(run, calls: list) -> float:
+    """Milliseconds of GPU work per call: `calls` (one call each on its own copy of the
+    inputs, see `input_copies`) cycled to at least GRAPH_CALLS calls, captured into one CUDA
+    graph and replayed (``minillm.timing.time_graph``). Every call must be capturable (no
+    host sync; the kernels' wrappers are, given their lengths up front). In the dry run: one
+    eager call (the interpreter's times mean nothing)."""
+    if not run.cuda:
+        return 1e3 * time_graph(calls[:1], replays=1)
+    fns = [calls[i % len(calls)] for i in range(max(GRAPH_CALLS, len(calls)))]
+    return 1e3 * time_graph(fns, replays=run.pick(10, 5, 1), device=run.device)
 
 
 def first_call(run, fn):
@@ -157,13 +194,20 @@ def paged_case(run, b, ctx, dtype, block_size=16) -> dict:
     mask = pos < lens_dev[:, None]
     slots = (tables.long().gather(1, pos // block_size) * block_size
              + pos % block_size).masked_fill(~mask, 0)
-    ms = bench(run, call)
-    ms_torch = bench(run, lambda: decode_attention_gathered(q, kc, vc, slots, mask))
+    ms_eager = bench(run, call)  # one call at a time: the host's launch included
+    caches = [(kc, vc)] + [(kc.clone(), vc.clone()) for _ in range(
+        input_copies(run, 2 * kc.numel() * kc.element_size()) - 1)]
+    ms = bench_graph(run, [lambda k=k, v=v: paged_decode_attention(
+        q, k, v, tables, lens_dev, max_context_len=ctx) for k, v in caches])
+    ms_torch = bench_graph(run, [lambda k=k, v=v: decode_attention_gathered(q, k, v, slots, mask)
+                                 for k, v in caches])
+    del caches
     nbytes = 2 * int(lens.sum()) * hkv * d * kc.element_size()
     gbs, frac = kv_gbps(run, nbytes, ms)
     return {"dtype": str(dtype)[6:], "B": b, "context": ctx, "err_vs_ref": err, "us": 1e3 * ms,
             "GBps": gbs, "of_bandwidth": frac, "gather_sdpa_us": 1e3 * ms_torch,
-            "vs_gather_sdpa": ms_torch / ms, "first_s": first_s, "ok": err <= tol(dtype, run.cuda)}
+            "vs_gather_sdpa": ms_torch / ms, "eager_us": 1e3 * ms_eager, "first_s": first_s,
+            "ok": err <= tol(dtype, run.cuda)}
 
 
 def check_paged(run) -> None:
@@ -173,7 +217,10 @@ def check_paged(run) -> None:
             run.case(f"B={b} context={ctx}", lambda: paged_case(run, b, ctx, dtype))
     run.notes.append("K/V of SmolLM2's attention (Hq 9, Hkv 3, D 64), block size 16, block "
                      "tables shuffled, context lengths ragged within the last block; GB/s "
-                     "counts the K/V bytes read")
+                     "counts the K/V bytes read; us and gather_sdpa_us: GPU time per call, "
+                     "replayed from a CUDA graph over K/V copies larger than the L2 cache; "
+                     "eager_us: the kernel called one at a time from Python (host launch "
+                     "included: the launch wall)")
 
 
 # ----------------------------------------------------------------------------- varlen
@@ -245,19 +292,32 @@ def w4a16_case(run, n, k, m, dtype, group_size=64, sym=False) -> dict:
     dense_w = packing.dequantize_packed(qweight, scales, zeros, 4, dtype)
     ref = F.linear(x, dense_w)  # QuantLinear.reference_forward
     err = max_err(out, ref) / max(float(ref.abs().max()), 1e-12)
-    ms, ms_dense = bench(run, call), bench(run, lambda: F.linear(x, dense_w))
+    ms_eager = bench(run, call)  # one call at a time: the wrapper's Python and launch included
+    # Like for like: the W4A16 call and the dense matmul both timed from a CUDA graph, each
+    # over weight copies larger than the L2 cache (the first call of each, outside the
+    # capture, also allocates the split-K counters).
     nbytes = sum(t.numel() * t.element_size() for t in (qweight, scales, *([] if sym else [zeros])))
+    packed = [(qweight, scales, z)] + [
+        (qweight.clone(), scales.clone(), None if z is None else z.clone())
+        for _ in range(input_copies(run, nbytes) - 1)]
+    ms = bench_graph(run, [lambda w=w: w4a16_linear(x, *w, group_size, **gemm_path)
+                           for w in packed])
+    denses = [dense_w] + [dense_w.clone() for _ in range(
+        input_copies(run, dense_w.numel() * dense_w.element_size()) - 1)]
+    ms_dense = bench_graph(run, [lambda w=w: F.linear(x, w) for w in denses])
+    del denses
     gbs, frac = kv_gbps(run, nbytes, ms)
     found = w4a16_bucket(x, qweight, group_size)
     row = {"dtype": str(dtype)[6:], "N": n, "K": k, "M": m,
            "layout": f"g{group_size} {'sym' if sym else 'asym'}", "rel_err": err,
            "us": 1e3 * ms, "weight_GBps": gbs, "of_bandwidth": frac, "dense_us": 1e3 * ms_dense,
-           "vs_dense": ms_dense / ms, "first_s": first_s,
+           "vs_dense": ms_dense / ms, "eager_us": 1e3 * ms_eager, "first_s": first_s,
            "config": "interpreter" if not run.cuda or found is None else _config_str(
                found[0].config_for(found[1], run.device))}
     if m >= 256:
-        ms_deq = bench(run, lambda: w4a16_linear(x, qweight, scales, z, group_size,
-                                                 dequantize_first=True))
+        ms_deq = bench_graph(run, [lambda w=w: w4a16_linear(x, *w, group_size,
+                                                            dequantize_first=True)
+                                   for w in packed])
         row.update(dequant_matmul_us=1e3 * ms_deq, gemm_vs_dequant=ms_deq / ms)
     row["ok"] = err <= tol(dtype, run.cuda)
     return row
@@ -291,20 +351,31 @@ def check_w4a16(run) -> None:
         _W4_WEIGHTS.clear()
     run.notes.append("RTN 4-bit; error relative to the output's max; GB/s counts what the "
                      "kernel reads: the packed weight, fp32 scales and (asymmetric) fp32 "
-                     "zeros; vs_dense: the dense bf16 matmul's time over the kernel's; from "
-                     "M = 256 the kernel is the tiled GEMM, dequant_matmul_us the "
-                     "dequantize kernel + torch.matmul; config: the pinned tiles used")
+                     "zeros; us, dense_us and dequant_matmul_us: GPU time per call, replayed "
+                     "from a CUDA graph over weight copies larger than the L2 cache; "
+                     "eager_us: the W4A16 call one at a time from Python (its wrapper and "
+                     "launch included: the launch wall); vs_dense: the dense bf16 matmul's "
+                     "time over the kernel's (both from graphs); from M = 256 the kernel is "
+                     "the tiled GEMM, dequant_matmul_us the dequantize kernel + "
+                     "torch.matmul; config: the pinned tiles used")
 
 
 # Time boxes (s), planned for an H100 with the pinned tile configs (a first call of a new
-# shape compiles one configuration, 1-3 s): see TOTAL_BUDGET_S in gpu_check.py.
+# shape compiles one configuration, 1-3 s): see TOTAL_BUDGET_S in gpu_check.py. Full run,
+# against what the H100 took on 2026-11-27 (a fresh machine: every kernel compiled):
+#   flash_attention  33  (28.8 s)
+#   paged_decode     12  (6.9 s, timed one call at a time; the CUDA-graph timing adds a
+#                         capture and a few replays per row)
+#   varlen           40  (22.3 s for the 6 rows up to context 1024, the 3 at 8192 cut: the
+#                         B = 16 and 256 rows cost most, and the 8192 ones are the largest)
+#   w4a16            18  (11.6 s, one call at a time; the graphs add as for paged_decode)
 SECTIONS = [
     Section("flash_attention", "FlashAttention (causal, GQA) against SDPA and float64",
-            check_flash, {"full": 40, "quick": 15, "dry": 120}),
+            check_flash, {"full": 33, "quick": 15, "dry": 120}),
     Section("paged_decode", "Paged decode attention against the PyTorch paged reference",
-            check_paged, {"full": 18, "quick": 8, "dry": 60}),
+            check_paged, {"full": 12, "quick": 8, "dry": 60}),
     Section("varlen", "FlashAttention varlen (chunked prefill) against the paged reference",
-            check_varlen, {"full": 20, "quick": 8, "dry": 60}),
+            check_varlen, {"full": 40, "quick": 8, "dry": 60}),
     Section("w4a16", "W4A16 matmul against a dense matmul and dequantize-then-matmul",
-            check_w4a16, {"full": 32, "quick": 6, "dry": 60}),
+            check_w4a16, {"full": 18, "quick": 6, "dry": 60}),
 ]

@@ -3,13 +3,19 @@
 On CUDA each call is timed by CUDA events after the launch queue is drained; elsewhere by
 ``time.perf_counter``, synchronizing CUDA (if in use) or MPS around each call. Every speed
 the course reports is a median from ``time_fn`` (re-exported as ``minillm.perf.time_fn``).
+
+``time_graph`` times the GPU work of calls too small to outrun their own launch: a call of
+a few microseconds of GPU work costs tens of microseconds of Python and kernel launch, so
+``time_fn`` (and triton's ``do_bench``) measure the host there, not the kernel. Captured
+once into a CUDA graph and replayed, the calls run back to back on the GPU, and the time
+per call is the GPU's.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -58,6 +64,60 @@ def time_fn(fn: Callable[[], object], warmup: int = 2, repeats: int = 10, device
             fn()
             _synchronize(dev)
             times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def time_graph(fns: Sequence[Callable[[], object]], replays: int = 5, device=None) -> float:
+    """Seconds per call of the GPU work of ``fns``, captured in order into one CUDA graph.
+
+    Each callable is called once first, on a side stream and outside the capture (Triton
+    compiles, and buffers made on a first call, such as split-K counters, are allocated
+    then); then all of them are captured into one ``torch.cuda.CUDAGraph``, replayed once
+    untimed, and ``replays`` replays are timed by CUDA events: the median over
+    ``len(fns)``. Pass several calls (about 20 or more) so that the replay's own launch is
+    amortised, and, for memory-bound calls, inputs that do not all fit in the L2 cache (as
+    many copies as it takes) so that each call reads from memory as it would in a model.
+
+    Every callable must be capturable: no host synchronization (``.item()``, ``.tolist()``,
+    a CPU tensor made from a GPU one) and no new CUDA stream. Off CUDA (a CPU, a dry run)
+    there is no graph: the median of ``replays`` eager passes over ``fns`` (after one
+    untimed pass), divided the same way, by ``time_fn``.
+    """
+    fns = list(fns)
+    if not fns or not all(callable(f) for f in fns):
+        raise ValueError(f"fns must be a non-empty sequence of callables; got {fns!r}.")
+    if isinstance(replays, bool) or not isinstance(replays, int) or replays < 1:
+        raise ValueError(f"replays must be an integer >= 1; got {replays!r}.")
+    dev = None if device is None else _resolve(device)
+
+    def run_all():
+        for f in fns:
+            f()
+
+    if dev is None or dev.type != "cuda":
+        return time_fn(run_all, warmup=1, repeats=replays, device=dev) / len(fns)
+    with torch.cuda.device(dev):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the default stream, as capture requires
+            run_all()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize(dev)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run_all()
+        graph.replay()  # the first replay uploads the graph: not timed
+        torch.cuda.synchronize(dev)
+        times = []
+        for _ in range(replays):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / len(fns))  # ms -> s per call
+        del graph  # its memory pool goes back to the allocator
     return statistics.median(times)
 
 
