@@ -28,9 +28,10 @@ run; each has a time box, and what it had no time for is listed as skipped):
                       included), speculative decoding and tensor parallelism, with the CUDA
                       device visible, all at once (not in --quick)
     labs              gpu_check_labs: every solution notebook under nbval on the device,
-                      MINILLM_QUICK=1, one process and a 5-minute box each; pass/fail and
-                      seconds per lab. Only when asked (--sections labs, or --labs 01,05):
-                      not in --quick, nor in a plain full run (its budget is its own)
+                      MINILLM_QUICK=1, one process and a 5-minute box each (--lab-parallel
+                      N runs N at once); pass/fail and seconds per lab. Only when asked
+                      (--sections labs, or --labs 01,05): not in --quick, nor in a plain
+                      full run (its budget is its own, or --lab-budget)
 
 Time: the full run fits in 8 minutes on one GPU, models included: the sections' time boxes
 sum to TOTAL_BUDGET_S (420 s: kernels 103, models 317, each box sized from what that section
@@ -50,8 +51,9 @@ exit code is 128 + the signal's number.
 
 Report (``benchmarks/results/gpu.json``; the dry run writes ``gpu_cpu_dry_run.json``),
 schema ``gpu_check_report.SCHEMA`` (checked by ``validate_report`` there), rewritten
-atomically after every section (with ``--markdown``, the Markdown too), so a run cut from
-outside, even by SIGKILL, leaves a valid report of what it measured::
+atomically after every section and every row (with ``--markdown``, the Markdown too), so a
+run cut from outside, even by SIGKILL, leaves a valid report of what it measured (a section
+cut in the middle is "timeout", with the rows it finished)::
 
     {"schema": "minillm-gpu-check/1", "mode": "cuda" | "cpu-dry-run", "quick": bool,
      "command": str, "ok": bool, "finished": bool, "seconds": float,
@@ -131,6 +133,13 @@ class Run:
     # (label, time.monotonic() at its start) of the case in progress: a section cut by its
     # time box names it, and how long it had run, so that the next plan can size the box.
     current: tuple | None = None
+    # Set by a section that stopped cases itself at its deadline (concurrent cases, cut and
+    # listed as skipped): its status is then "timeout" (incomplete), as if interrupted.
+    incomplete: bool = False
+    # Called after every row (run_sections sets it): rewrites the report with the rows so
+    # far, so that a run killed in the middle of a long section (SIGKILL: no handler runs)
+    # still has every case that finished.
+    on_row: Callable[[], None] | None = None
 
     @property
     def dry(self) -> bool:
@@ -163,11 +172,18 @@ class Run:
             row = {"case": label, "ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
             traceback.print_exc()
         seconds, self.current = time.monotonic() - self.current[1], None
+        self.add_row(row, seconds)
+        if self.cuda:
+            torch.cuda.empty_cache()
+
+    def add_row(self, row: dict, seconds: float) -> None:
+        """Record a finished case's row (``case`` does; a section that runs its cases
+        concurrently calls it as each one ends) and rewrite the report with it."""
         # The log (not the report) says how long each case took: what a box is planned from.
         print(f"    [{seconds:5.1f} s]", _row_line(row), flush=True)
         self.rows.append(row)
-        if self.cuda:
-            torch.cuda.empty_cache()
+        if self.on_row is not None:
+            self.on_row()
 
 
 def _in_progress(run: Run) -> str:
@@ -222,16 +238,33 @@ def _with_signals_blocked(fn, *args) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+IN_PROGRESS = ("in progress when this report was written: the run was still going, or was "
+               "cut from outside (the rows are the cases that had finished)")
+
+
+def _entry_so_far(s: Section, run: Run, budget: float, t0: float) -> dict:
+    """The entry of a section still running: its rows so far, "failed" if one failed, else
+    "timeout" (incomplete)."""
+    failed = any(r.get("ok") is False for r in run.rows)
+    return {"name": s.name, "title": s.title, "status": "failed" if failed else "timeout",
+            "seconds": round(time.monotonic() - t0, 1), "budget_s": round(budget, 1),
+            "error": None, "rows": list(run.rows), "notes": list(run.notes),
+            "skipped": [*run.skipped, IN_PROGRESS]}
+
+
 def run_section(s: Section, mode: str, device: torch.device, env: dict, options: dict,
-                budget: float, grace_s: float) -> dict:
+                budget: float, grace_s: float, on_partial=None) -> dict:
     """One section, isolated and time-boxed (see ``run_sections``): its report entry. On
-    RunInterrupted the entry, with the rows so far, rides on the exception."""
+    RunInterrupted the entry, with the rows so far, rides on the exception.
+    ``on_partial(entry)``, if given, gets the entry so far after every row."""
     entry = {"name": s.name, "title": s.title, "status": "ok", "seconds": 0.0,
              "budget_s": round(budget, 1), "error": None, "rows": [], "notes": [],
              "skipped": []}
     print(f"\n== {s.title} (time box {budget:.0f} s)", flush=True)
     run = Run(mode, device, env, time.monotonic() + budget, dict(options))
     t0 = time.monotonic()
+    if on_partial is not None:
+        run.on_row = lambda: on_partial(_entry_so_far(s, run, budget, t0))
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, budget + grace_s)
     timed_out, interrupted = False, None
@@ -257,7 +290,7 @@ def run_section(s: Section, mode: str, device: torch.device, env: dict, options:
                  skipped=run.skipped)
     if entry["error"] or any(r.get("ok") is False for r in run.rows):
         entry["status"] = "failed"
-    elif timed_out or interrupted:
+    elif timed_out or interrupted or run.incomplete:
         entry["status"] = "timeout"
     print(f"== {s.name}: {entry['status']} in {entry['seconds']} s"
           + (f", skipped {len(run.skipped)}" if run.skipped else ""), flush=True)
@@ -270,7 +303,7 @@ def run_section(s: Section, mode: str, device: torch.device, env: dict, options:
 def run_sections(sections: list[Section], mode: str, device: torch.device, env: dict,
                  options: dict | None = None, total_budget_s: float | None = None,
                  grace_s: float = GRACE_S, on_progress=None,
-                 budget_scale: float = 1.0) -> list[dict]:
+                 budget_scale: float = 1.0, rows_too: bool = False) -> list[dict]:
     """Run each section in turn, isolated and time-boxed; return their report entries.
 
     A section is told its deadline (``Run.case`` skips what would start after it) and is
@@ -281,7 +314,9 @@ def run_sections(sections: list[Section], mode: str, device: torch.device, env: 
 
     ``on_progress(entries)`` is called after every section with the entries so far plus one
     "skipped" entry (``NOT_REACHED``) per section still to come, so a report written there is
-    complete and valid at every point. SIGTERM and SIGINT stop the run: the section in
+    complete and valid at every point; with ``rows_too``, also after every row, with the
+    section in progress as it stands (``IN_PROGRESS``: "timeout", or "failed" if a row
+    failed). SIGTERM and SIGINT stop the run: the section in
     progress keeps its rows (status "timeout"), the rest are skipped, ``on_progress`` gets
     the final entries, and ``RunInterrupted`` is raised to the caller."""
     total = TOTAL_BUDGET_S[mode] if total_budget_s is None else total_budget_s
@@ -292,13 +327,17 @@ def run_sections(sections: list[Section], mode: str, device: torch.device, env: 
         for i, s in enumerate(sections):
             budget = min(s.budget_s.get(mode, 0.0) * budget_scale,
                          max(0.0, end - time.monotonic()))
+            rest = [_skipped_entry(t, NOT_REACHED) for t in sections[i + 1:]]
             if budget <= 0:
                 why = "not part of this mode" if mode not in s.budget_s else "no time left"
                 out.append(_skipped_entry(s, why))
             else:
-                out.append(run_section(s, mode, device, env, options or {}, budget, grace_s))
+                partial = None if on_progress is None or not rows_too else (
+                    lambda entry, rest=rest: _with_signals_blocked(on_progress,
+                                                                   out + [entry] + rest))
+                out.append(run_section(s, mode, device, env, options or {}, budget, grace_s,
+                                       on_partial=partial))
             if on_progress is not None:
-                rest = [_skipped_entry(t, NOT_REACHED) for t in sections[i + 1:]]
                 _with_signals_blocked(on_progress, out + rest)
     except RunInterrupted as e:
         if e.entry is not None:
@@ -383,6 +422,13 @@ def main(argv: list[str] | None = None) -> int:
                     "also adds the section; default with --sections labs: all)")
     ap.add_argument("--lab-timeout", type=float, default=None,
                     help="seconds per lab in the labs section (default 300)")
+    ap.add_argument("--lab-parallel", type=int, default=1,
+                    help="labs run at once in the labs section (default 1: one at a time, "
+                    "so that their seconds are clean; more share the GPU and the cores)")
+    ap.add_argument("--lab-budget", type=float, default=None,
+                    help="the labs section's time box in seconds (default: a --lab-timeout "
+                    "box per wave of --lab-parallel labs, plus 30 s); labs it cuts are "
+                    "listed as skipped")
     ap.add_argument("--random-weights", action="store_true",
                     help="model sections on SmolLM2's shapes with random weights (no GGUF "
                     "needed; speeds and graph-vs-eager checks hold, quality rows mean nothing)")
@@ -411,8 +457,11 @@ def main(argv: list[str] | None = None) -> int:
 
     labs = None if args.labs in (None, "all") else args.labs.split(",")
     lab_box = args.lab_timeout or gpu_check_labs.LAB_BOX_S
+    if args.lab_parallel < 1:
+        ap.error(f"--lab-parallel must be at least 1 (labs at once), got {args.lab_parallel}")
     try:
-        labs_section = gpu_check_labs.section(labs, lab_box)
+        labs_section = gpu_check_labs.section(labs, lab_box, parallel=args.lab_parallel,
+                                              budget_s=args.lab_budget)
     except ValueError as e:
         ap.error(str(e))
     sections = gpu_check_kernels.SECTIONS + gpu_check_model.SECTIONS + [labs_section]
@@ -451,13 +500,14 @@ def main(argv: list[str] | None = None) -> int:
                  args.markdown)
     options = {"compile": not args.no_compile, "random_weights": args.random_weights,
                "decode_rows": args.decode_rows.split(",") if args.decode_rows else None,
-               "backends": args.backends.split(","), "labs": labs, "lab_timeout_s": lab_box}
+               "backends": args.backends.split(","), "labs": labs, "lab_timeout_s": lab_box,
+               "lab_parallel": args.lab_parallel}
     # The labs section brings its own budget on top of the other sections'.
     total = TOTAL_BUDGET_S[mode] + (labs_section.budget_s.get(mode, 0.0)
                                     if labs_section in sections else 0.0)
     try:
         entries = run_sections(sections, mode, device, env, options, total_budget_s=total,
-                               on_progress=progress,
+                               on_progress=progress, rows_too=True,
                                budget_scale=AUTOTUNE_BUDGET_SCALE if args.autotune else 1.0)
     except RunInterrupted as e:  # run_sections wrote what was measured
         print(f"\ninterrupted by {e.name}: wrote {out}", flush=True)

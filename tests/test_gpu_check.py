@@ -472,8 +472,8 @@ def test_a_run_cut_by_a_signal_leaves_a_valid_report_of_its_first_section(tmp_pa
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:
-            if out.exists() and json.loads(out.read_text())["sections"][0]["rows"]:
-                break  # the first section is done and on disk
+            if out.exists() and json.loads(out.read_text())["sections"][0]["status"] == "ok":
+                break  # the first section is done and on disk (rows alone: in progress)
             time.sleep(0.2)
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         proc.send_signal(signum)
@@ -558,3 +558,241 @@ def test_a_lab_past_its_box_is_a_failed_row_and_leaves_no_kernel(tmp_path):
             time.sleep(0.2)
         else:
             pytest.fail(f"the notebook's kernel (pid {pid}) outlived its time box")
+
+
+def test_the_labs_budget_counts_waves_of_parallel_labs():
+    import gpu_check_labs
+
+    s = gpu_check_labs.section(["01", "05", "06"], 300.0, parallel=2)
+    assert s.budget_s["full"] == 2 * 300 + 30  # two waves: 01 and 05, then 06
+    assert gpu_check_labs.section(None, 300.0, parallel=5).budget_s["full"] == 2 * 300 + 30
+    assert gpu_check_labs.section(["01"], 300.0, parallel=4, budget_s=200.0).budget_s == {
+        "full": 200.0, "dry": 200.0}
+    # side by side, the longest (by lab_runtimes.json) start first; unrecorded ones lead
+    order = gpu_check_labs.start_order(gpu_check_labs.notebooks(["04", "09", "03"])
+                                       + [Path("/x/new-lab.ipynb")])
+    assert [p.stem[:2] for p in order] == ["ne", "09", "03", "04"]
+
+
+def test_a_row_rewrites_the_report_with_the_section_in_progress():
+    """rows_too: after every row the report holds the section as it stands ("timeout", or
+    "failed" once a row failed), so a run killed mid-section keeps its finished cases."""
+    def two_rows(run):
+        run.case("first", lambda: {"x": 1, "ok": True})
+        run.case("second", lambda: {"x": 2, "ok": False})
+
+    seen = []
+    sections = [Section("two", "Two", two_rows, {"dry": 5.0}), _sections([])[0]]
+    run_sections(sections, "dry", CPU, {}, on_progress=_progress_reports(seen), rows_too=True)
+    first_row, second_row, after = seen[0], seen[1], seen[2]
+    assert first_row[0]["status"] == "timeout" and first_row[0]["rows"] == [{"x": 1, "ok": True}]
+    assert gpu_check.IN_PROGRESS in first_row[0]["skipped"]
+    assert first_row[1]["status"] == "skipped" and "not reached" in first_row[1]["notes"][0]
+    assert second_row[0]["status"] == "failed" and len(second_row[0]["rows"]) == 2
+    assert after[0]["status"] == "failed" and gpu_check.IN_PROGRESS not in after[0]["skipped"]
+    assert len(seen) == 2 + 1 + 1 + 1  # two rows, the section, the next one's row, its end
+
+
+def _rendezvous(path: Path, mine: str, theirs: str) -> Path:
+    """A notebook that marks its start and passes only if its partner starts while it runs
+    (waits up to 5 minutes): two of them pass together only when run concurrently."""
+    return _notebook(path, f"""import os, pathlib, time
+folder = pathlib.Path(os.environ['RENDEZVOUS'])
+(folder / '{mine}').touch()
+end = time.monotonic() + 300
+while not (folder / '{theirs}').exists():
+    assert time.monotonic() < end, 'the other lab never started while this one ran'
+    time.sleep(0.1)""")
+
+
+@pytest.mark.slow
+def test_labs_run_side_by_side_and_each_row_is_recorded(tmp_path):
+    """--lab-parallel 2 in the dry run: two labs that each wait for the other to start both
+    pass (so they ran at once), then Lab 04 in the freed slot; a row each, with `alongside`,
+    and the note that says they shared the machine."""
+    a = _rendezvous(tmp_path / "meet-a.ipynb", "a", "b")
+    b = _rendezvous(tmp_path / "meet-b.ipynb", "b", "a")
+    out = tmp_path / "labs.json"
+    res = _script("--cpu-dry-run", "--sections", "labs", "--labs", f"{a},{b},04",
+                  "--lab-parallel", "2", "--out", str(out), env={"RENDEZVOUS": str(tmp_path)})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.loads(out.read_text())
+    validate_report(report)
+    (labs,) = report["sections"]
+    assert labs["status"] == "ok" and labs["skipped"] == []
+    rows = {r["lab"]: r for r in labs["rows"]}
+    assert set(rows) == {"meet-a", "meet-b", "04-paged-attention"}
+    assert all(r["ok"] is True and r["device"] == "cpu" for r in rows.values())
+    assert rows["meet-a"]["alongside"] == rows["meet-b"]["alongside"] == 1
+    assert "2 at a time" in labs["notes"][0] and "3 passed" in labs["notes"][0]
+    assert "ran concurrently" in labs["notes"][1] and "re-run alone" in labs["notes"][1]
+
+
+@pytest.mark.slow
+def test_labs_the_section_cuts_are_skipped_and_their_kernels_ended(tmp_path):
+    """At the section's deadline the labs still running are stopped (process group and
+    notebook kernel) and listed as cut, the ones not started as skipped; the rows that
+    finished stay. No lab row for them: the section is incomplete, not failed."""
+    import gpu_check_labs
+
+    quick, later = (_notebook(tmp_path / f"{name}.ipynb", "x = 1") for name in ("quick", "later"))
+    slow = [_notebook(tmp_path / f"slow{i}.ipynb",
+                      f"import os, time\nopen(os.environ['PIDS'] + '/{i}', 'w').write(str(os.getpid()))"
+                      "\ntime.sleep(300)") for i in (1, 2)]
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    rows = []
+    deadline = [None]
+
+    def time_left():  # the section's deadline: once both slow labs' kernels have started
+        if deadline[0] is None and len(list(pids.iterdir())) == 2:
+            deadline[0] = time.monotonic() + 1
+        return 60.0 if deadline[0] is None else deadline[0] - time.monotonic()
+
+    # Two slots: quick and slow1, then slow2 once quick ends; both slots are then held by
+    # the slow ones until the deadline, so `later` never starts.
+    cut, unstarted = gpu_check_labs.run_labs(
+        [quick, *slow, later], "cpu", 200.0, 2, time_left,
+        lambda row, s: rows.append(row), {"PIDS": str(pids)})
+    assert [r["lab"] for r in rows] == ["quick"] and rows[0]["ok"] is True
+    assert sorted(c.split()[0] for c in cut) == ["slow1", "slow2"]
+    assert all("cut by the section's time box" in c for c in cut)
+    assert unstarted == ["later"]
+    for pidfile in pids.iterdir():  # the kernels are gone
+        pid = int(pidfile.read_text())
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"a cut lab's kernel (pid {pid}) outlived the section")
+
+
+# ----------------------------------------------------------------------------- offline run
+
+
+def _pyproject_dependencies() -> list[str]:
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return [Requirement(d).name for d in deps]
+
+
+def _distribution_of(module: str) -> str:
+    import importlib.metadata
+
+    from packaging.utils import canonicalize_name
+
+    dists = importlib.metadata.packages_distributions().get(module)
+    assert dists, f"no installed distribution provides the module {module!r}"
+    return canonicalize_name(dists[0])
+
+
+def test_the_lab_wheels_are_what_the_labs_need_beyond_the_gpu_image():
+    """gpu_env.LAB_WHEELS (what gpu_offline.sh packs into .gpu/c) is exactly the closure, on
+    the image's Python, of what the labs section needs (gpu_check_labs.NEEDED, SERVING and
+    minillm's own dependencies) less what the GPU image has: a new dependency after an
+    upgrade fails here, not on the GPU; and no wheel shadows an image package."""
+    import gpu_check_labs
+    import gpu_env
+
+    from packaging.utils import canonicalize_name
+
+    roots = [_distribution_of(m) for m in gpu_check_labs.NEEDED + gpu_check_labs.SERVING]
+    closure = gpu_env.dependency_closure(roots + _pyproject_dependencies())
+    wheels = {canonicalize_name(n) for n in gpu_env.LAB_WHEELS}
+    assert len(wheels) == len(gpu_env.LAB_WHEELS)
+    assert sorted(set(closure) - wheels) == [], "needed, neither in the image nor packed"
+    assert sorted(wheels - set(closure)) == [], "packed, but nothing needs it"
+    assert sorted(wheels & gpu_env.GPU_IMAGE) == [], "would shadow the image's own copy"
+    assert len(gpu_env.lab_pins()) == len(wheels)  # each is installed here: a pin
+
+
+def test_every_module_the_solutions_import_is_in_the_image_or_packed():
+    """The imports of every solution notebook (and of the project's own packages, which the
+    notebooks import): the standard library, the project, the GPU image, or LAB_WHEELS."""
+    import ast
+
+    import gpu_env
+
+    files = [json.loads(nb.read_text()) for nb in (ROOT / "solutions").glob("*.ipynb")]
+    sources = ["\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+               for nb in files]
+    for package in ("minillm", "widgets", "quizzes"):
+        sources += [p.read_text() for p in (ROOT / package).rglob("*.py")]
+    modules = set()
+    for src in sources:
+        lines = [ln for ln in src.splitlines() if not ln.lstrip().startswith(("%", "!"))]
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, ast.Import):
+                modules |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules.add(node.module.split(".")[0])
+    ours = {"minillm", "widgets", "quizzes"}
+    # Optional imports the labs never reach on the GPU: llama.cpp (benchmarks/quant.py's
+    # side-by-side, an extra) and the OpenAI client (the server's tests).
+    optional = {"llama_cpp", "openai"}
+    packed = {n.replace("-", "_") for n in gpu_env.LAB_WHEELS}
+    image = {n.replace("-", "_") for n in gpu_env.GPU_IMAGE}
+    lacking = []
+    for m in sorted(modules - set(sys.stdlib_module_names) - ours - optional):
+        dist = _distribution_of(m).replace("-", "_")
+        if dist not in packed and dist not in image:
+            lacking.append((m, dist))
+    assert lacking == [], "imported by the labs, neither in the GPU image nor in LAB_WHEELS"
+
+
+def test_part3_fits_the_session_after_parts_1_and_2():
+    """A session has 15 minutes of device time: a machine start (up to 2), parts 1 and 2
+    (gpu_check's 8-minute plan), then part3's outer limit; and the labs run side by side."""
+    import re
+
+    text = (ROOT / "benchmarks" / "gpu_offline.sh").read_text()
+    labs_s = {int(v) for v in re.findall(r"LABS_S:-(\d+)", text)}
+    parallel = {int(v) for v in re.findall(r"LAB_PARALLEL:-(\d+)", text)}
+    assert len(labs_s) == 1 and len(parallel) == 1, (labs_s, parallel)
+    plan = gpu_check.TOTAL_BUDGET_S["full"] + gpu_check.START_UP_S
+    assert 2 * 60 + plan + labs_s.pop() <= 15 * 60
+    assert parallel.pop() > 1
+
+
+@pytest.mark.slow
+def test_pack_fills_copy_c_with_the_lab_wheels_the_corpus_and_part3(tmp_path):
+    """`gpu_offline.sh pack` (it downloads the wheels from the package index): copy c holds
+    one wheel per LAB_WHEELS package, at the installed version, built for the image's Python
+    3.12 on x86-64 Linux where binary, the Lee corpus and part3.sh, within 64 MiB with the
+    checkout."""
+    import gpu_env
+
+    from minillm.data import lee_corpus_path
+
+    env = {**os.environ, "GPU_DIR": str(tmp_path), "PYTHON": sys.executable}
+    res = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_offline.sh"), "pack"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "copy c: checkout" in res.stdout
+    c = tmp_path / "c"
+    assert os.access(c / "part3.sh", os.X_OK)
+    assert (c / "lee_background.cor").read_bytes() == lee_corpus_path().read_bytes()
+    wheels = sorted((c / "whl").glob("*.whl"))
+    pins = {p.split("==")[0].replace("-", "_").lower(): p.split("==")[1] for p in gpu_env.lab_pins()}
+    got = {w.name.split("-")[0].lower(): w.name.split("-")[1] for w in wheels}
+    assert got == pins
+    for w in wheels:
+        tags = w.name[:-4].split("-")[-3:]  # python, abi, platform
+        if tags[2] != "any":
+            assert tags[0] in ("cp312", "cp310", "cp311") and "x86_64" in tags[2], w.name
+            assert tags[1] in ("cp312", "abi3"), w.name
+    checkout = subprocess.run("git ls-files -co --exclude-standard -z | xargs -0 du -cb | tail -1",
+                              shell=True, cwd=ROOT, capture_output=True, text=True).stdout
+    size = int(checkout.split()[0]) + sum(f.stat().st_size for f in c.rglob("*") if f.is_file())
+    assert size <= 64 * 2**20, size
+    script = (c / "part3.sh").read_text()
+    for text in ("--lab-parallel", "--lab-budget", "--no-index --no-deps", "MINILLM_CACHE_DIR",
+                 "MINILLM_GGUF", "labs.json", "labs.md", "labs.log"):
+        assert text in script, text
