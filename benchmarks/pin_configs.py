@@ -13,8 +13,9 @@ Sources, written into each entry (``minillm.kernels.tuning`` explains the files)
 * ``measured: <GPU>, <date>, triton <v>`` - chosen by timing every candidate on that GPU
   (``gpu_check.py --autotune`` writes these; ``--merge`` takes its ``tuned`` file).
 * ``nearest measured: <bucket>`` - a bucket nothing measured takes the config of the
-  nearest measured bucket of the same kernel (same dtype width and head dim first; on
-  sm_80 the sm_90 measurements count too) that fits this architecture.
+  nearest measured bucket of the same kernel (same dtype width and head dim first, then
+  the fewest class steps apart: ``Tunable.distance``; on sm_80 the sm_90 measurements
+  count too) that fits this architecture.
 * ``analytic (nothing measured near)`` - nothing measured fits: the kernel's own choice
   for the bucket (``Tunable.analytic``), where it has one.
 * ``default`` - nothing measured fits and no analytic choice: the kernel's default config.
@@ -125,12 +126,6 @@ def measured_entries(tables: dict, name: str, arch: int) -> list[tuple[dict, dic
     return out
 
 
-def distance(a: dict, b: dict) -> tuple:
-    """Same dtype width first, then same head dim, then fewest other differences."""
-    return (a.get("dt") != b.get("dt"), a.get("D") != b.get("D"),
-            sum(a[k] != b.get(k) for k in a))
-
-
 def _size(cfg) -> tuple:
     """A rough order of a config's shared memory: try small tiles first."""
     blocks = [v for k, v in cfg.kwargs.items() if k.startswith("BLOCK")]
@@ -145,7 +140,7 @@ def options(t: tuning.Tunable, bucket: dict, measured: list[tuple[dict, dict]]) 
     out = ([(t.analytic(bucket), "analytic (a rule of the kernel's, not measured)")]
            if t.analytic is not None else [])
     out += [(tuning.config_from_dict(entry), f"nearest measured: {tuning.bucket_key(other)}")
-            for other, entry in sorted(measured, key=lambda c: distance(bucket, c[0]))]
+            for other, entry in sorted(measured, key=lambda c: t.distance(bucket, c[0]))]
     out.append((t.default, "default"))
     out += [(c, "least shared memory (the default does not fit)")
             for c in sorted(t.configs, key=_size)]

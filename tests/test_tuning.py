@@ -229,3 +229,44 @@ def test_minillm_autotune_names_the_kernels_to_search(monkeypatch, value, expect
     monkeypatch.setattr(tuning, "_autotune_override", None)
     monkeypatch.setenv("MINILLM_AUTOTUNE", value)
     assert (tuning.autotune_enabled("toy_a"), tuning.autotune_enabled("toy_c")) == expected
+
+
+def test_a_bucket_nothing_measured_takes_the_nearest_class_not_the_first():
+    """Tunable.distance counts steps in the ordered bucket space: a long-sequence bucket is
+    nearer the next-shorter class than the shortest (counting differing classes alone tied
+    them, and FlashAttention at T >= 4,096 got T <= 256's tiles on the H100)."""
+    t = tuning.tunables()["flash_attention"]
+    long = {"D": 64, "L": 2, "causal": 1, "dt": 16, "varlen": 0}
+    short, mid = {**long, "L": 0}, {**long, "L": 1}
+    assert t.distance(long, mid) < t.distance(long, short)
+    assert t.distance(long, {**mid, "causal": 0}) == t.distance(long, short)  # one step each
+    assert t.distance(long, {**long, "dt": 32}) > t.distance(long, short)  # dtype width first
+    assert t.distance(long, {**long, "D": 128}) > t.distance(long, short)  # then head dim
+
+
+def test_sm90_carries_each_unmeasured_bucket_from_a_nearest_measured_one():
+    """Where sm_90's pinned entry was carried from a measured bucket of its own dtype width
+    and head dim (``pin_configs.py --fill``), no other such measured bucket is nearer. (Those
+    were measured on sm_90 at the same tile sizes, so none was passed over for not fitting;
+    a config carried across dtype or head dim may have been, for its shared memory.)"""
+    arch = 90
+    table = json.loads(tuning.config_path(arch).read_text())
+    checked = 0
+    for name, t in tuning.tunables().items():
+        entries = table["kernels"].get(name, {})
+        measured = [tuning.parse_bucket_key(k) for k, e in entries.items()
+                    if e.get("source", "").startswith("measured")]
+        for key, entry in entries.items():
+            source = entry.get("source", "")
+            if not source.startswith("nearest measured: "):
+                continue
+            bucket = tuning.parse_bucket_key(key)
+            alike = [m for m in measured
+                     if (m.get("dt"), m.get("D")) == (bucket.get("dt"), bucket.get("D"))]
+            if not alike:
+                continue
+            chosen = t.distance(bucket, tuning.parse_bucket_key(source.split(": ", 1)[1]))
+            best = min(t.distance(bucket, m) for m in alike)
+            assert chosen == best, f"sm_{arch} {name} {key}: {source}, but one at {best} exists"
+            checked += 1
+    assert checked >= 10  # FlashAttention's carried D = 64 buckets, at least

@@ -198,6 +198,24 @@ class Tunable:
         return [dict(zip(names, values))
                 for values in itertools.product(*(self.bucket_space[n] for n in names))]
 
+    def distance(self, a: dict, b: dict) -> tuple:
+        """How far bucket ``b`` is from ``a``, to carry a measured config to a bucket nothing
+        measured (``pin_configs.py --fill``): same dtype width first, then same head dim,
+        then the fewest steps apart, class by class, in ``bucket_space`` (its classes are
+        ordered: length, N, K, M). Counting differing classes alone tied a long-sequence
+        bucket between the shortest and the next-shorter class, and the tie went to the
+        shortest: FlashAttention at T = 4,096-8,192 ran on T <= 256's tiles, 0.68x SDPA on
+        an H100 where the autotuned run had 0.87x. A value outside the space counts as the
+        whole space away."""
+        def steps(k):
+            space = list(self.bucket_space.get(k, ()))
+            if a[k] == b.get(k):
+                return 0
+            if a[k] in space and b.get(k) in space:
+                return abs(space.index(a[k]) - space.index(b[k]))
+            return max(1, len(space))
+        return (a.get("dt") != b.get("dt"), a.get("D") != b.get("D"), sum(map(steps, a)))
+
     def check_bucket(self, bucket: dict) -> str:
         key = bucket_key(bucket)
         for name, value in bucket.items():
