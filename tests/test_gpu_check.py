@@ -537,6 +537,18 @@ def test_labs_section_dry_run_reports_pass_fail_and_seconds(tmp_path):
     assert "2 labs run on cpu" in labs["notes"][0] or "of 2 labs run on cpu" in labs["notes"][0]
 
 
+def assert_gone(pid: int, what: str, outlived: str, wait_s: float = 10.0) -> None:
+    """Fail unless process ``pid`` has exited within ``wait_s`` seconds."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"{what} (pid {pid}) outlived {outlived}")
+
+
 @pytest.mark.slow
 def test_a_lab_past_its_box_is_a_failed_row_and_leaves_no_kernel(tmp_path):
     import gpu_check_labs
@@ -548,16 +560,7 @@ def test_a_lab_past_its_box_is_a_failed_row_and_leaves_no_kernel(tmp_path):
     assert row["ok"] is False and row["outcome"].startswith("time box")
     assert row["seconds"] < 40
     if pidfile.exists():  # the kernel got as far as the cell: it must be gone now
-        pid = int(pidfile.read_text())
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail(f"the notebook's kernel (pid {pid}) outlived its time box")
+        assert_gone(int(pidfile.read_text()), "the notebook's kernel", "its time box")
 
 
 def test_the_labs_budget_counts_waves_of_parallel_labs():
@@ -659,16 +662,7 @@ def test_labs_the_section_cuts_are_skipped_and_their_kernels_ended(tmp_path):
     assert all("cut by the section's time box" in c for c in cut)
     assert unstarted == ["later"]
     for pidfile in pids.iterdir():  # the kernels are gone
-        pid = int(pidfile.read_text())
-        end = time.monotonic() + 10
-        while time.monotonic() < end:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail(f"a cut lab's kernel (pid {pid}) outlived the section")
+        assert_gone(int(pidfile.read_text()), "a cut lab's kernel", "the section")
 
 
 # ----------------------------------------------------------------------------- offline run
