@@ -106,19 +106,10 @@ def time_graph(fns: Sequence[Callable[[], object]], replays: int = 5, device=Non
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             run_all()
-        graph.replay()  # the first replay uploads the graph: not timed
-        torch.cuda.synchronize(dev)
-        times = []
-        for _ in range(replays):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3 / len(fns))  # ms -> s per call
+        # The replays timed as any call is: the first (it uploads the graph) as warm-up.
+        seconds = time_fn(graph.replay, warmup=1, repeats=replays, device=dev)
         del graph  # its memory pool goes back to the allocator
-    return statistics.median(times)
+    return seconds / len(fns)
 
 
 def decode_tok_s(t_one, t_all, new_tokens: int) -> float:
