@@ -67,15 +67,18 @@ def run(engine, prompts, params, check_every_step=True):
     """Drive step() by hand; check invariants each step; return tokens per request."""
     for i, (p, sp) in enumerate(zip(prompts, params)):
         engine.add_request(f"r{i}", p, sp)
-    tokens, reasons = {}, {}
+    tokens, reasons, seen = {}, {}, []
     while engine.has_unfinished_requests():
         for out in engine.step():
             tokens.setdefault((out.request_id, out.index), []).extend(out.new_token_ids)
             assert out.token_ids == tokens[(out.request_id, out.index)]
+            seen.append((out, list(out.token_ids)))
             if out.finished:
                 reasons[(out.request_id, out.index)] = out.finish_reason
         if check_every_step:
             engine.block_manager.check_invariants()
+    # An output's token_ids share the request's list: they must still read as when returned.
+    assert all(out.token_ids == then for out, then in seen), "an earlier output changed"
     assert engine.num_free_blocks() == engine.block_manager.num_blocks, "blocks leaked"
     engine.block_manager.check_invariants()
     assert len(reasons) == sum(sp.n for sp in params), "a request never reported finished"
@@ -446,3 +449,25 @@ def test_engine_config_is_the_one_source_of_options(model):
 def test_engine_config_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         minillm.EngineConfig(**kwargs)
+
+
+def test_token_prefix_reads_the_tokens_in_place():
+    """`Request.token_prefix(end)`: what the scheduler hands the block manager instead of a
+    copy of every token: the same values as all_token_ids[:end], by index and by slice."""
+    from minillm.engine.request import Request
+
+    r = Request("a", [5, 6, 7, 8, 9], SamplingParams(max_tokens=4))
+    r.output_token_ids += [10, 11]
+    full = r.all_token_ids
+    for end in range(len(full) + 1):
+        p = r.token_prefix(end)
+        assert len(p) == end and list(p) == full[:end]
+        for a in range(-end - 1, end + 2):
+            for b in range(-end - 1, end + 2):
+                assert p[a:b] == full[:end][a:b]
+        assert p[::2] == full[:end][::2]
+        for i in range(-end, end):
+            assert p[i] == full[:end][i]
+        for i in (end, -end - 1):
+            with pytest.raises(IndexError):
+                p[i]

@@ -141,3 +141,30 @@ def test_bad_configuration():
         make(policy="fifo")
     with pytest.raises(ValueError, match=">= 1"):
         make(max_num_batched_tokens=0)
+
+
+@pytest.mark.parametrize("budget", [1, 3, 5, 64])
+def test_each_step_offers_exactly_its_full_blocks(budget):
+    """The full blocks of a step's tokens are offered to the prefix cache when the step is
+    scheduled (the scheduler skips the call when a step completes no block): after every
+    schedule(), each scheduled request has offered the full blocks of its first
+    start + num_new_tokens tokens, no fewer (a hit missed) and no more (a promise of KV
+    never written). Prompts share a prefix so that admissions hit."""
+    bm = BlockManager(64, BS, enable_prefix_caching=True)
+    sched = Scheduler(bm, max_num_batched_tokens=budget, max_num_seqs=3)
+    rng = random.Random(budget)
+    shared = [rng.randrange(50) for _ in range(9)]
+    for i in range(6):
+        own = [rng.randrange(50) for _ in range(rng.randrange(1, 12))]
+        sched.add(Request(f"r{i}", shared + own, SamplingParams(max_tokens=rng.randrange(1, 14))))
+    offered = 0
+    while sched.has_unfinished():
+        out = sched.schedule()
+        for s in out.seqs:
+            hashes = bm._seqs[s.request.seq_id].block_hashes
+            assert len(hashes) == (s.start + s.num_new_tokens) // BS, (s.request, s.start)
+        offered += len(out.seqs)
+        sched.advance(out)
+        sched.append_tokens([(s.request, 7) for s in out.seqs if s.samples], now=0.0)
+        bm.check_invariants()
+    assert offered and bm.prefix_cache_hit_rate() > 0

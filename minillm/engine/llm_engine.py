@@ -241,7 +241,7 @@ class LLMEngine:
 
     def _output(self, req: Request, new: list[int]) -> RequestOutput:
         return RequestOutput(req.request_id, new, req.is_finished, req.finish_reason,
-                             req.index, list(req.output_token_ids),
+                             req.index, req.output_token_ids, len(req.output_token_ids),
                              req.metrics if req.is_finished else None)
 
     def _record_finished(self, req: Request) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -145,6 +146,10 @@ class Request:
         return (self.prompt_token_ids[start:min(end, n)]
                 + self.output_token_ids[max(start - n, 0):max(end - n, 0)])
 
+    def token_prefix(self, end: int) -> "TokenPrefix":
+        """Tokens 0..end-1 as a read-only sequence that copies nothing until sliced."""
+        return TokenPrefix(self, end)
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
@@ -183,6 +188,36 @@ class Request:
                 f"computed {self.num_computed_tokens}/{self.num_tokens})")
 
 
+class TokenPrefix(Sequence):
+    """The first `end` tokens of a request's prompt + output, read in place.
+
+    What the block manager is handed every step for every running sequence: it reads the
+    length, and the tokens of a block only when that block fills (one step in block_size).
+    Building `all_token_ids` instead copied the whole sequence, twice per sequence per step:
+    at 64 sequences of ~500 tokens, most of the scheduler's time. Valid while the request's
+    tokens are only appended to (they are: see the module doc)."""
+
+    __slots__ = ("_request", "_end")
+
+    def __init__(self, request: Request, end: int):
+        self._request, self._end = request, end  # unchecked: made per sequence per step
+
+    def __len__(self) -> int:
+        return self._end
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            start, stop, step = i.indices(self._end)
+            if step == 1:
+                return self._request.token_ids(start, max(start, stop))
+            return self._request.token_ids(0, self._end)[i]
+        if i < 0:
+            i += self._end
+        if not 0 <= i < self._end:
+            raise IndexError(f"token {i} of a {self._end}-token prefix")
+        return self._request.token_ids(i, i + 1)[0]
+
+
 @dataclass
 class RequestOutput:
     """What one step produced for one sample: the tokens new since the last output."""
@@ -191,5 +226,13 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     index: int = 0                    # which of the n samples
-    token_ids: list[int] = field(default_factory=list)  # all generated so far
+    # All generated so far: the first num_generated of the request's output list, which
+    # only grows (shared, not copied: a copy per token per step grew with the output).
+    generated: Sequence[int] = ()
+    num_generated: int = 0
     metrics: RequestMetrics | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Every token generated so far (a new list, built when read)."""
+        return list(self.generated[:self.num_generated])

@@ -110,13 +110,21 @@ class Scheduler:
         scheduled: set[int] = set()  # ids of the requests scheduled so far this step
         blocked = False              # a prefill chunk found no blocks: admit nobody
 
-        # 1. Decodes (one token left), oldest first; 2. then prefill chunks.
-        for decodes in (True, False):
-            for req in list(self.running):
-                remaining = req.num_tokens - req.num_computed_tokens
-                if budget == 0 or req.status is not RequestStatus.RUNNING or remaining < 1 \
-                        or (remaining == 1) != decodes:
+        # 1. Decodes (one token left), oldest first; 2. then prefill chunks. A request
+        # preempted on the way (status WAITING now) is skipped; a running one's token counts
+        # do not change within schedule(), so each is classified once.
+        decode_reqs, chunk_reqs = [], []
+        for req in self.running:
+            remaining = req.num_tokens - req.num_computed_tokens
+            if remaining == 1:
+                decode_reqs.append(req)
+            elif remaining > 1:
+                chunk_reqs.append(req)
+        for decodes, reqs in ((True, decode_reqs), (False, chunk_reqs)):
+            for req in reqs:
+                if budget == 0 or req.status is not RequestStatus.RUNNING:
                     continue
+                remaining = req.num_tokens - req.num_computed_tokens
                 if not decodes and not self.chunked_prefill and remaining > budget:
                     continue
                 n = min(remaining, budget)
@@ -198,25 +206,33 @@ class Scheduler:
         """Give the running req slots for its next n tokens, preempting the newest running
         requests not scheduled this step while the pool is short. False if it got none:
         it was the newest itself (a decode then preempts itself, a chunk waits)."""
-        bm = self.block_manager
-        new_slots = req.num_computed_tokens + n - bm.get_num_tokens(req.seq_id)
+        bm, end = self.block_manager, req.num_computed_tokens + n
+        new_slots = end - bm.get_num_tokens(req.seq_id)
         if new_slots <= 0:
             return True  # reserved already (static mode reserves whole prompts)
-        while not bm.can_append(req.seq_id, new_slots):
-            victim = next(r for r in reversed(self.running) if id(r) not in scheduled)
-            if victim is req and n > 1:
-                return False
-            self._preempt(victim)
-            out.preempted.append(victim)
-            if victim is req:
-                return False
-        tokens = req.all_token_ids[:req.num_computed_tokens + n]
-        out.copy_on_write += bm.append_slots(req.seq_id, tokens, new_slots)
-        return True
+        tokens = req.token_prefix(end)
+        while True:
+            try:  # short of blocks, append_slots raises and changes nothing
+                out.copy_on_write += bm.append_slots(req.seq_id, tokens, new_slots)
+                return True
+            except OutOfBlocksError:
+                victim = next(r for r in reversed(self.running) if id(r) not in scheduled)
+                if victim is req and n > 1:
+                    return False
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    return False
 
     def _offer_blocks(self, req: Request, n: int) -> None:
-        """Offer the full blocks this step completes to the prefix cache (see module doc)."""
-        self.block_manager.cache_blocks(req.seq_id, req.all_token_ids,
+        """Offer the full blocks this step completes to the prefix cache (see module doc).
+        The full blocks before them were offered by the steps (or the admission) that
+        scheduled their tokens, so a step that completes no block has nothing to offer:
+        15 decode steps in 16, at block_size 16."""
+        c, bs = req.num_computed_tokens, self.block_manager.block_size
+        if (c + n) // bs == c // bs:
+            return
+        self.block_manager.cache_blocks(req.seq_id, req.token_prefix(req.num_tokens),
                                         req.num_computed_tokens + n)
 
     def _admit(self, req: Request, token_budget: int | None = None, watermark: int = 0) -> bool:

@@ -146,9 +146,12 @@ class BlockManager:
             raise OutOfBlocksError(f"sequence {seq_id!r} needs {needed} free blocks to append "
                                    f"{num_new_tokens} tokens, {self.pool.num_free_blocks()} "
                                    f"are free; preempt a sequence first")
-        self.cache_blocks(seq_id, token_ids, seq.num_tokens)
+        self._cache_full_blocks(seq, token_ids, seq.num_tokens)
         copies = []
-        if needed and self._needs_cow(seq, num_new_tokens):
+        if not needed:  # a decode's common case: the last block has room and is its own
+            seq.num_tokens += num_new_tokens
+            return copies
+        if self._needs_cow(seq, num_new_tokens):
             # The partly filled last block is shared (fork): write into a private copy.
             old = self.pool.blocks[seq.block_table[-1]]
             (new,) = self.pool.get_new_blocks(1)
@@ -164,11 +167,19 @@ class BlockManager:
                      num_computed_tokens: int) -> int:
         """Tell the pool the KV of the first `num_computed_tokens` tokens is written: full
         blocks among them become shareable. Returns how many blocks got newly cached."""
-        seq, bs = self._seq(seq_id), self.block_size
+        seq = self._seq(seq_id)
         if not 0 <= num_computed_tokens <= min(seq.num_tokens, len(token_ids)):
             raise ValueError(f"num_computed_tokens={num_computed_tokens} must be within the "
                              f"{seq.num_tokens} reserved slots and the {len(token_ids)} tokens")
-        if not self.pool.enable_prefix_caching:
+        return self._cache_full_blocks(seq, token_ids, num_computed_tokens)
+
+    def _cache_full_blocks(self, seq: _SeqBlocks, token_ids: Sequence[int],
+                           num_computed_tokens: int) -> int:
+        """`cache_blocks` for a checked sequence. Called for every sequence every step: a
+        step that fills no block returns at once, reading no token."""
+        bs = self.pool.block_size
+        if not self.pool.enable_prefix_caching or \
+                num_computed_tokens // bs <= len(seq.block_hashes):
             return 0
         num_cached = 0
         for i in range(len(seq.block_hashes), num_computed_tokens // bs):
