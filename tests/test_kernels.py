@@ -535,3 +535,21 @@ def test_lengths_that_change_every_step_are_not_specialized_on():
         print("ok")
     """, env)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
+
+
+def test_the_argument_checks_trace_without_a_graph_break():
+    """torch.compile must trace through a kernel wrapper's argument checks up to its launch.
+    They ask whether the kernels run in the interpreter; Triton's own knob reads the
+    environment in C++, which Dynamo cannot trace, so each attention call of a compiled
+    decode step broke its graph there (and the layers compiled one frame each)."""
+    import torch._dynamo
+    from minillm.kernels._checks import _check_device_dtype
+
+    def step(x):
+        x = x.sin()
+        _check_device_dtype({"x": x, "y": x})
+        return x * 2
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(step)(torch.ones(4, dtype=DTYPES[0], device=DEVICE))
+    assert explained.graph_break_count == 0, [str(b.reason)[:300] for b in explained.break_reasons]

@@ -37,12 +37,28 @@ if not _HAS_CUDA:
 import triton  # noqa: E402  (must come after the environment is set)
 
 
-def interpreter_enabled() -> bool:
-    """True when ``@triton.jit`` kernels defined now run in Triton's CPU interpreter."""
+def _interpret_setting() -> bool:
+    """Triton's own setting: do ``@triton.jit`` kernels defined now run in the interpreter?"""
     knobs = getattr(triton, "knobs", None)
     if knobs is not None:
         return bool(knobs.runtime.interpret)
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+# Read once, here: minillm's kernels are defined right after this module, in the mode of
+# this moment, whatever TRITON_INTERPRET says later. A constant is also what torch.compile
+# can trace. Triton's knob calls a C++ getenv (triton 3.7) that Dynamo cannot trace, so
+# asking it (the argument checks of every attention call do) breaks the graph of a
+# compiled step there (`tests/test_kernels.py`). A break inside each layer makes the layer
+# a frame of its own, which Dynamo recompiles per layer_idx: the H100 run of 2026-11-27
+# hit Dynamo's recompile limit (8) on `forward_open`, so the later layers ran uncompiled
+# (that this break was the one there is still to be confirmed on a GPU).
+_INTERPRETER = _interpret_setting()
+
+
+def interpreter_enabled() -> bool:
+    """True when minillm's Triton kernels run in Triton's CPU interpreter (decided at import)."""
+    return _INTERPRETER
 
 
 def _triton_helpers_interpreted() -> bool:
@@ -58,7 +74,7 @@ def _triton_helpers_interpreted() -> bool:
 def _setup_problem() -> str | None:
     if _HAS_CUDA:
         return None
-    if not interpreter_enabled():
+    if not _INTERPRETER:
         return (f"no CUDA GPU is available, so the Triton kernels must run in Triton's CPU "
                 f"interpreter, but TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} "
                 "switches it off. Unset TRITON_INTERPRET (minillm then sets it to 1 itself) or "
