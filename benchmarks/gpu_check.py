@@ -63,6 +63,7 @@ cut in the middle is "timeout", with the rows it finished)::
                    "status": "ok" | "failed" | "timeout" | "skipped",
                    "seconds": float, "budget_s": float, "error": str | None,
                    "rows": [{column: value, ...}, ...],   # a row with "ok": false failed
+                   # a row may carry "breakdown": {part name: part} (step_breakdown.py)
                    "notes": [str, ...], "skipped": [str, ...]}, ...]}
 
 ``finished`` is false until the last section is done; until then the sections not yet run
@@ -90,7 +91,8 @@ from typing import Callable
 
 import torch
 
-from gpu_check_report import SCHEMA, fmt, summary, to_markdown, validate_report
+from gpu_check_report import (BREAKDOWN, SCHEMA, fmt, summary, to_markdown,
+                              validate_report)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -195,7 +197,15 @@ def _in_progress(run: Run) -> str:
 
 
 def _row_line(row: dict) -> str:
-    return ", ".join(f"{k}={fmt(v)}" for k, v in row.items())
+    """A row in the log: its columns; of a breakdown, its parts' seconds (the tables are in
+    the report)."""
+    return ", ".join(f"{k}={_breakdown_seconds(v) if k == BREAKDOWN else fmt(v)}"
+                     for k, v in row.items())
+
+
+def _breakdown_seconds(parts: dict) -> str:
+    return "; ".join(f"{name} " + ("failed" if p.get("error") else f"{p.get('seconds')} s")
+                     for name, p in parts.items())
 
 
 def _alarm(signum, frame):
