@@ -21,9 +21,11 @@ run; each has a time box, and what it had no time for is listed as skipped):
     greedy_match      gpu_check_model: SmolLM2 bf16 on CUDA (Triton backend), 64 greedy
                       tokens against the fp32 CPU model (first divergence, logit error)
     decode            gpu_check_model: batch-1 decode eager / compiled against the weights'
-                      bandwidth ceiling and transformers on the same GPU
+                      bandwidth ceiling and transformers on the same GPU; where a step's time
+                      goes (the graph rows' kernels, the eager row's host functions)
     serving           gpu_check_model: benchmarks/serving.py's workload, engine continuous
-                      against HF one-at-a-time and HF static-16 (both sampled)
+                      against HF one-at-a-time and HF static-16 (both sampled); the engine's
+                      decode step, graph and eager, and where the batch-64 step's time goes
     pytest            gpu_check_model: the test files of the kernels (Lab 03's scaffold kernel
                       included), speculative decoding and tensor parallelism, with the CUDA
                       device visible, all at once (not in --quick)
@@ -487,6 +489,9 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cpu" if dry else "cuda")
     mode = "dry" if dry else ("quick" if args.quick else "full")
     t0 = time.monotonic()
+    if not dry:  # before any CUDA graph is captured: the model sections profile theirs
+        import step_breakdown
+        step_breakdown.init_profiler_for_cuda_graphs()
     env = environment(device, mode)
     print("environment:", json.dumps(env), flush=True)
     out = args.out or RESULTS / ("gpu_cpu_dry_run.json" if dry else "gpu.json")

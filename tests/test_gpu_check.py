@@ -307,6 +307,17 @@ def test_cpu_dry_run_exercises_every_section_at_tiny_sizes(tmp_path):
     assert list(serving_rows)[:4] == ["engine continuous, triton",
                                       "engine continuous, triton, eager", "HF one-at-a-time",
                                       "HF static-16"]
+    breakdowns = {r["engine"]: r["breakdown"] for r in by["decode"]["rows"] if "breakdown" in r}
+    assert list(breakdowns) == ["minillm eager, triton attention",
+                                "minillm CUDA graph, triton attention", w4[1]["engine"]]
+    assert [list(b) for b in breakdowns.values()] == [
+        ["eager step, host"], ["graph replay, device"], ["graph replay, device"]]
+    step_row = serving_rows["engine decode step, batch 3"]  # the dry run's largest batch
+    assert list(step_row["breakdown"]) == ["graph step, device", "graph step, host",
+                                           "eager step, host"]
+    parts = [p for b in [*breakdowns.values(), step_row["breakdown"]] for p in b.values()]
+    assert all("error" not in p and p["top"] for p in parts), parts
+    assert "*minillm CUDA graph, triton attention: graph replay, device* (2 steps" in md.read_text()
     assert "2 of 18 requests" in serving_rows["HF one-at-a-time"]["sampled"]
     assert "1 batch: 16 of 18 requests" in serving_rows["HF static-16"]["sampled"]
     assert "extrapolated" in serving_rows["HF static-16"]["sampled"]
