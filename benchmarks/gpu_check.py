@@ -21,9 +21,11 @@ run; each has a time box, and what it had no time for is listed as skipped):
     greedy_match      gpu_check_model: SmolLM2 bf16 on CUDA (Triton backend), 64 greedy
                       tokens against the fp32 CPU model (first divergence, logit error)
     decode            gpu_check_model: batch-1 decode eager / compiled against the weights'
-                      bandwidth ceiling and transformers on the same GPU
+                      bandwidth ceiling and transformers on the same GPU; where a step's time
+                      goes (the graph rows' kernels, the eager row's host functions)
     serving           gpu_check_model: benchmarks/serving.py's workload, engine continuous
-                      against HF one-at-a-time and HF static-16 (both sampled)
+                      against HF one-at-a-time and HF static-16 (both sampled); the engine's
+                      decode step, graph and eager, and where the batch-64 step's time goes
     pytest            gpu_check_model: the test files of the kernels (Lab 03's scaffold kernel
                       included), speculative decoding and tensor parallelism, with the CUDA
                       device visible, all at once (not in --quick)
@@ -63,6 +65,7 @@ cut in the middle is "timeout", with the rows it finished)::
                    "status": "ok" | "failed" | "timeout" | "skipped",
                    "seconds": float, "budget_s": float, "error": str | None,
                    "rows": [{column: value, ...}, ...],   # a row with "ok": false failed
+                   # a row may carry "breakdown": {part name: part} (step_breakdown.py)
                    "notes": [str, ...], "skipped": [str, ...]}, ...]}
 
 ``finished`` is false until the last section is done; until then the sections not yet run
@@ -90,7 +93,8 @@ from typing import Callable
 
 import torch
 
-from gpu_check_report import SCHEMA, fmt, summary, to_markdown, validate_report
+from gpu_check_report import (BREAKDOWN, SCHEMA, fmt, summary, to_markdown,
+                              validate_report)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -195,7 +199,15 @@ def _in_progress(run: Run) -> str:
 
 
 def _row_line(row: dict) -> str:
-    return ", ".join(f"{k}={fmt(v)}" for k, v in row.items())
+    """A row in the log: its columns; of a breakdown, its parts' seconds (the tables are in
+    the report)."""
+    return ", ".join(f"{k}={_breakdown_seconds(v) if k == BREAKDOWN else fmt(v)}"
+                     for k, v in row.items())
+
+
+def _breakdown_seconds(parts: dict) -> str:
+    return "; ".join(f"{name} " + ("failed" if p.get("error") else f"{p.get('seconds')} s")
+                     for name, p in parts.items())
 
 
 def _alarm(signum, frame):
@@ -477,6 +489,9 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cpu" if dry else "cuda")
     mode = "dry" if dry else ("quick" if args.quick else "full")
     t0 = time.monotonic()
+    if not dry:  # before any CUDA graph is captured: the model sections profile theirs
+        import step_breakdown
+        step_breakdown.init_profiler_for_cuda_graphs()
     env = environment(device, mode)
     print("environment:", json.dumps(env), flush=True)
     out = args.out or RESULTS / ("gpu_cpu_dry_run.json" if dry else "gpu.json")

@@ -13,12 +13,15 @@ that have CUDA paths.
   and CUDA graph), against the
   weights' bandwidth ceiling (weight bytes / the bandwidth measured in this run) and
   transformers; every non-eager row compares its greedy tokens with eager's. SmolLM2 RTN
-  w4 (``quant.GPU_LAYOUT``) eager and through a CUDA graph, against the bf16 rows.
+  w4 (``quant.GPU_LAYOUT``) eager and through a CUDA graph, against the bf16 rows. Where
+  the time goes (a row's ``breakdown``, benchmarks/step_breakdown.py): the kernels of 16
+  replays of the Triton and w4 graph rows, the host's cProfile of 4 eager Triton steps.
 * serving: benchmarks/serving.py's workload and runners, the engine with CUDA graphs
   (its default on CUDA) and eager; the engine's decode step time at batch 1, 8 and 64,
-  graph against eager; HF one-at-a-time and HF static-16 are sampled (2 requests / one
-  batch of 16; their tok/s extrapolated, as the row says), before the engine's slow
-  gather-path row.
+  graph against eager, and where the batch-64 step's time goes (the kernels and the host's
+  cProfile of the graph step, the host's cProfile of the eager one); HF one-at-a-time and
+  HF static-16 are sampled (2 requests / one batch of 16; their tok/s extrapolated, as the
+  row says), before the engine's slow gather-path row.
 * pytest: the test files with CUDA paths (the CUDA-relevant tests of each), one process
   per entry of TEST_FILES, all at once, CUDA visible.
 
@@ -43,8 +46,9 @@ import torch
 
 import decode as decode_bench
 import serving
+import step_breakdown
 import workload
-from gpu_check import ROOT, Section
+from gpu_check import ROOT, Section, SectionTimeout
 from minillm import LlamaModel, ModelConfig, calc, generate, load_model
 
 DRY_CONFIG = ModelConfig.tiny(vocab_size=49152, max_position_embeddings=512)
@@ -151,6 +155,65 @@ def check_greedy(run) -> None:
                      "(EOS ignored); logits teacher-forced on the reference's tokens")
 
 
+# ----------------------------------------------------------------------------- where the time goes
+
+# A row's "breakdown" (benchmarks/step_breakdown.py; gpu_check_report prints each part as a
+# small table): a few steps of the row's own path, profiled after its measurement. Steps per
+# part, full / quick / dry. Cost on a GPU, estimated (not yet measured there) from the
+# profiles of 2026-11-26 (a kernel event ~2 µs of GPU; the profiler's start, stop and event
+# parsing ~0.3-1 s a part): batch-1 graph kernels 16 x ~285 events, w4 the same, eager host
+# 4 x ~30 ms under cProfile; engine batch 64: graph kernels 16 x ~3 ms, graph host 16 steps,
+# eager host 2 x ~35 ms; about 5 s in all (each part's `seconds` says what it took), inside
+# the decode and serving boxes: the rows they may push out are the last ones of each
+# section, which a tight box cuts first anyway. The CPU dry run's six parts take ~2 s.
+KERNEL_STEPS = (16, 16, 2)
+HOST_STEPS = (4, 4, 2)            # eager steps under cProfile: ~30 ms each on a GPU
+ENGINE_HOST_STEPS = (16, 16, 2)   # graph engine steps under cProfile: ~3 ms each
+ENGINE_EAGER_HOST_STEPS = (2, 2, 1)
+BREAKDOWN_BATCH = (64, 64, 3)     # the engine step row that gets one
+
+
+def breakdown_part(make) -> dict:
+    """One part of a row's breakdown, its ``seconds`` all that it added to the row (the
+    step's setup included). It explains the row's measurement, it does not check it: an
+    error is recorded in the part (the report prints it), not raised into the row, and the
+    time box still interrupts it."""
+    t0 = time.perf_counter()
+    try:
+        part = make()
+    except SectionTimeout:
+        raise
+    except Exception as e:  # noqa: BLE001  (recorded: the report shows it)
+        part = {"error": f"{type(e).__name__}: {e}"[:500]}
+    return {**part, "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def breakdown_note(run) -> str:
+    return ("breakdown (the tables under a row): a few steps of the row's own path, profiled "
+            "after its measurement. device: torch.profiler's "
+            + ("CUDA kernels, copies and memsets" if run.cuda else
+               "top-level CPU operators (no GPU here: Triton's interpreter runs outside them, "
+               "so these are not what a GPU runs)")
+            + " per step, busy = the union of their intervals, share = of busy; host: "
+            "cProfile's own time per function per step (it roughly doubles pure-Python time; "
+            "a wait for the device is the own time of the call that waits)")
+
+
+def decode_breakdown(run, model, ids, graph: bool) -> dict:
+    """Batch-1 decode on the row's path: through the graph, the kernels of KERNEL_STEPS
+    replays; eager, the host's own time of HOST_STEPS steps (that step is host-bound)."""
+    def part():
+        steps = run.pick(*(KERNEL_STEPS if graph else HOST_STEPS))
+        with warnings.catch_warnings():  # the dry run's "no CUDA graphs on a CPU"
+            warnings.simplefilter("ignore")
+            # warm-up 1 (prefill, then the graph's first two replays) + steps + 1 queued ahead
+            step = step_breakdown.generate_step(model, ids, graph, max_new_tokens=steps + 4)
+            if graph:
+                return step_breakdown.profile_kernels(step, steps, top=10)
+            return step_breakdown.profile_host(step, steps, top=12)
+    return {"graph replay, device" if graph else "eager step, host": breakdown_part(part)}
+
+
 # ----------------------------------------------------------------------------- decode
 
 
@@ -232,8 +295,11 @@ def check_decode(run) -> None:
                                       cuda_graph=graph)
                     if not compiled and not graph:  # the reference: no comparison
                         eager_tokens[backend], tokens = tokens, None
-                    return row(name, lambda k: decode_bench.time_minillm(
+                    out = row(name, lambda k: decode_bench.time_minillm(
                         model, ids, k, compile=compiled, cuda_graph=graph), tokens, backend)
+                if backend == "triton" and not compiled:
+                    out["breakdown"] = decode_breakdown(run, model, ids, graph)
+                return out
             run.case(name, case)
 
     def w4_case(label, graph):
@@ -256,6 +322,8 @@ def check_decode(run) -> None:
         bf16 = tok_s.get(f"minillm {label}, triton attention")
         out.update(MB_per_token=w4_bytes / 1e6,
                    vs_bf16=out["decode_tok_s"] / bf16 if bf16 else None)
+        if graph:
+            out["breakdown"] = decode_breakdown(run, qmodel, ids, graph)
         return out
 
     hf = load_hf(run)
@@ -285,7 +353,8 @@ def check_decode(run) -> None:
                   "per_token: packed nibbles, fp16 scales, 8-bit zeros), vs_bf16 against the "
                   "bf16 row of the same path; its graph row must give its eager tokens",
                   "first_s: the first full-length call (autotuning, compilation, capture)"
-                  + ("" if run.cuda else "; on a CPU the graph rows run uncaptured")]
+                  + ("" if run.cuda else "; on a CPU the graph rows run uncaptured"),
+                  breakdown_note(run)]
 
 
 # ----------------------------------------------------------------------------- serving
@@ -315,12 +384,31 @@ def check_serving(run) -> None:
 
     def step_row(batch):
         model.set_attn_backend("triton")
-        ms = {eager: serving.decode_step_ms(model, batch, run.pick(50, 20, 3),
-                                            run.pick(128, 128, 8), enforce_eager=eager)
-              for eager in (True, False)}
-        return {"system": f"engine decode step, batch {batch}", "eager_step_ms": ms[True],
-                "graph_step_ms": ms[False], "graph_speedup": ms[True] / ms[False],
-                "graph_tok_s": batch / ms[False] * 1e3}
+        steps, profile = run.pick(50, 20, 3), batch == run.pick(*BREAKDOWN_BATCH)
+        kernel_steps, host_steps, eager_host_steps = (run.pick(*s) for s in (
+            KERNEL_STEPS, ENGINE_HOST_STEPS, ENGINE_EAGER_HOST_STEPS))
+        # The profiled steps and their warm-ups, decode-only steps too.
+        extra = kernel_steps + host_steps + eager_host_steps + 3 if profile else 0
+        ms, parts = {}, {}
+        for eager in (True, False):
+            engine = serving.decoding_engine(model, batch, steps + 32 + extra,
+                                             run.pick(128, 128, 8), enforce_eager=eager)
+            ms[eager] = serving.mean_step_ms(engine, steps)
+            if profile and eager:
+                parts["eager step, host"] = breakdown_part(
+                    lambda: step_breakdown.profile_host(engine.step, eager_host_steps))
+            elif profile:
+                parts["graph step, device"] = breakdown_part(
+                    lambda: step_breakdown.profile_kernels(engine.step, kernel_steps))
+                parts["graph step, host"] = breakdown_part(
+                    lambda: step_breakdown.profile_host(engine.step, host_steps))
+        out = {"system": f"engine decode step, batch {batch}", "eager_step_ms": ms[True],
+               "graph_step_ms": ms[False], "graph_speedup": ms[True] / ms[False],
+               "graph_tok_s": batch / ms[False] * 1e3}
+        if parts:  # the graph's first: the step the goals are about
+            out["breakdown"] = {k: parts[k] for k in ("graph step, device", "graph step, host",
+                                                      "eager step, host")}
+        return out
 
     def hf_row(r, measured):
         return {"tok_s": r["tok_s"], "wall_s": r["measured_wall_s"],
@@ -360,6 +448,7 @@ def check_serving(run) -> None:
                      "returns after the sampled ids are on the host), enforce_eager=True "
                      "against CUDA graphs (enforce_eager=False), Triton attention"
                      + ("" if run.cuda else "; on a CPU the graph path runs uncaptured"))
+    run.notes.append(breakdown_note(run))
 
 
 
@@ -495,9 +584,11 @@ def check_pytest(run) -> None:
 # section that needs them (greedy_match); see TOTAL_BUDGET_S in gpu_check.py. Full run,
 # against what the H100 took on 2026-11-27 (a fresh machine: every Triton kernel compiled):
 #   greedy_match  34  (29.6 s)
-#   decode       122  (110.2 s, the torch.compile rows included)
+#   decode       122  (110.2 s, the torch.compile rows included; since then the breakdowns
+#                      of three rows, ~3 s: see KERNEL_STEPS)
 #   serving      100  (the rows before the gather row: ~85 s with 3 HF requests, ~75 s with
-#                      2; the gather row was cut after at least 15 s, so it has ~25 s here)
+#                      2; the gather row was cut after at least 15 s, so it has ~25 s here,
+#                      ~2 s less since the batch-64 step row's breakdown)
 #   pytest        61  (every entry at once: the slowest file alone was 47 s, and the longest
 #                      files are now split in two)
 SECTIONS = [

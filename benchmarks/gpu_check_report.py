@@ -1,8 +1,9 @@
 """The report of benchmarks/gpu_check.py: its JSON schema (``SCHEMA``, checked by
 ``validate_report``; the fields are listed in gpu_check's docstring) and its Markdown
 (``to_markdown``: the environment line, then one table per section over the union of its
-rows' keys, its notes and what it skipped), which is what BENCHMARKS.md shows under
-"Measured on a GPU". Plain functions of plain dicts: tested without a GPU.
+rows' keys, a small table per part of a row's ``breakdown`` (where a step's time goes,
+benchmarks/step_breakdown.py), its notes and what it skipped), which is what BENCHMARKS.md
+shows under "Measured on a GPU". Plain functions of plain dicts: tested without a GPU.
 
     python benchmarks/gpu_check_report.py REPORT.json ...   # the Markdown of saved reports
 
@@ -17,6 +18,8 @@ from pathlib import Path
 
 SCHEMA = "minillm-gpu-check/1"
 STATUSES = ("ok", "failed", "timeout", "skipped")
+# A row's {part name: part} of step_breakdown's parts: tables of their own, not a column.
+BREAKDOWN = "breakdown"
 
 
 def fmt(v) -> str:
@@ -36,10 +39,67 @@ def fmt(v) -> str:
 
 
 def markdown_table(rows: list[dict]) -> list[str]:
-    """One Markdown table over the union of the rows' keys, in first-seen order."""
-    cols = list(dict.fromkeys(k for r in rows for k in r))
+    """One Markdown table over the union of the rows' keys (but ``breakdown``), in
+    first-seen order."""
+    cols = list(dict.fromkeys(k for r in rows for k in r if k != BREAKDOWN))
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    return lines
+
+
+def _count(v) -> str:
+    """A count per step: whole numbers as such, others as ``fmt`` writes them."""
+    return str(int(v)) if isinstance(v, (int, float)) and v == int(v) else fmt(v)
+
+
+def _share(v) -> str:
+    return "–" if v is None else f"{100 * v:.0f}%"
+
+
+def breakdown_lines(label: str, breakdown: dict) -> list[str]:
+    """A row's breakdown: per part, one line (what was profiled, over how many steps, the
+    totals per step) and a small table: the kernels by time ("kernels" parts, the others
+    summed in a last line) or the functions by own time ("host" parts)."""
+    lines = []
+    for name, part in breakdown.items():
+        head = f"*{label}: {name}*"
+        if part.get("error"):
+            lines += [f"{head}: not measured: `{fmt(part['error'])}`", ""]
+            continue
+        steps = (f"{part['steps']} step{'s' if part['steps'] != 1 else ''}, "
+                 f"{fmt(part.get('seconds'))} s")
+        if part.get("kind") == "kernels":
+            lines.append(f"{head} ({steps}): {part['events']}: {_count(part['kernels_per_step'])}"
+                         f" per step, busy {fmt(part['busy_us_per_step'])} µs of "
+                         f"{fmt(part['wall_us_per_step'])} µs wall per step")
+            rows = [{"kernel": k["kernel"], "per step": _count(k["per_step"]),
+                     "µs/step": fmt(k["us_per_step"]), "of busy": _share(k["share"])}
+                    for k in part["top"]]
+            other = part["others"]
+            if other["kernels"]:
+                busy = part["busy_us_per_step"]
+                rows.append({"kernel": f"({other['kernels']} others)",
+                             "per step": _count(other["per_step"]),
+                             "µs/step": fmt(other["us_per_step"]),
+                             "of busy": _share(other["us_per_step"] / busy if busy else None)})
+        else:
+            lines.append(f"{head} ({steps}): {part['events']}: "
+                         f"{fmt(part['host_us_per_step'] / 1e3)} ms per step (wall "
+                         f"{fmt(part['wall_us_per_step'] / 1e3)} ms under cProfile)")
+            rows = [{"function": f["function"], "calls/step": _count(f["calls_per_step"]),
+                     "µs/step": fmt(f["us_per_step"]), "share": _share(f["share"])}
+                    for f in part["top"]]
+        lines += [""] + markdown_table(rows) + [""]
+    return lines
+
+
+def rows_markdown(rows: list[dict]) -> list[str]:
+    """The rows' table, then the breakdowns of the rows that have one, each under the
+    row's first value (its name)."""
+    lines = markdown_table(rows) + [""]
+    for r in rows:
+        if r.get(BREAKDOWN):
+            lines += breakdown_lines(str(next(iter(r.values()))), r[BREAKDOWN])
     return lines
 
 
@@ -71,7 +131,7 @@ def to_markdown(report: dict) -> str:
         if s["error"]:
             lines += [f"Error: `{fmt(s['error'])[:300]}`", ""]
         if s["rows"]:
-            lines += markdown_table(s["rows"]) + [""]
+            lines += rows_markdown(s["rows"])
         lines += [f"- {n}" for n in s["notes"]]
         if s["skipped"]:
             lines.append(f"- skipped: {'; '.join(s['skipped'])}")
@@ -109,6 +169,10 @@ def validate_report(report: dict) -> None:
             raise ValueError(f"{where}.status must be one of {STATUSES}, got {s['status']!r}")
         if not all(isinstance(r, dict) for r in s["rows"]):
             raise ValueError(f"{where}.rows must hold dicts")
+        for j, r in enumerate(s["rows"]):
+            parts = r.get(BREAKDOWN, {})
+            if not (isinstance(parts, dict) and all(isinstance(p, dict) for p in parts.values())):
+                raise ValueError(f"{where}.rows[{j}].{BREAKDOWN} must be {{part name: dict}}")
     if report["ok"] != all(s["status"] != "failed" for s in report["sections"]):
         raise ValueError("report.ok must be true exactly when no section failed")
 
@@ -121,7 +185,7 @@ def file_markdown(path: Path) -> str:
     lines = []
     for name, rows in data.items():
         if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
-            lines += [f"**{name}**", "", *markdown_table(rows), ""]
+            lines += [f"**{name}**", "", *rows_markdown(rows)]
     return "\n".join(lines)
 
 

@@ -10,9 +10,11 @@ before Python has launched the next, and waits. This profiles S decode steps of 
     engine graph, B       LLMEngine(enforce_eager=False): the padded bucket's graph
 
 and reports per step: wall time, GPU busy time (the union of the kernels' intervals), the
-idle share (1 - busy / wall), the kernels per step and the CUDA API calls the CPU made
-(launches, copies, syncs). A graph step should show ~1 launch and a small idle share; an
-eager one, ~900 launches and the GPU idle most of the time.
+idle share (1 - busy / wall), the kernels per step, the CUDA API calls the CPU made
+(launches, copies, syncs) and the ten kernels that take the most time
+(`step_breakdown.kernel_breakdown`, as benchmarks/gpu_check.py's breakdowns). A graph step
+should show ~1 launch and a small idle share; an eager one, ~900 launches and the GPU idle
+most of the time.
 
     python benchmarks/gpu_step_profile.py [--steps 32] [--batch 64] [--out FILE]
 
@@ -27,61 +29,41 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import minillm  # noqa: E402
+import step_breakdown  # noqa: E402
 from serving import step_until_decoding  # noqa: E402
+from step_breakdown import device_kernels, kernel_breakdown, profile_steps  # noqa: E402
 from minillm.engine import LLMEngine, SamplingParams  # noqa: E402
 
 PROMPT = list(range(1000, 1040))
 
 
-def busy_us(intervals: list[tuple[float, float]]) -> float:
-    """Length of the union of [start, end) intervals."""
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
-
-
 def profiled(fn, steps: int) -> dict:
     """Profile `fn` (one decode step) `steps` times after one untimed call."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-        wall_us = (time.perf_counter() - t0) * 1e6
-    events = prof.events()
-    kernels = [(e.time_range.start, e.time_range.end) for e in events
-               if e.device_type == DeviceType.CUDA]
+    events, wall_us = profile_steps(fn, steps, cuda=True)
+    kernels = device_kernels(events, cuda=True)
     api = [e.name for e in events if e.device_type == DeviceType.CPU
            and e.name.startswith(("cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cudaMemcpy",
                                   "cudaStreamSynchronize", "cudaDeviceSynchronize",
                                   "cudaEventSynchronize"))]
-    busy = busy_us(kernels)
-    return {"wall_ms": wall_us / steps / 1e3, "gpu_busy_ms": busy / steps / 1e3,
-            "idle_share": 1 - busy / wall_us, "kernels_per_step": len(kernels) / steps,
-            "api_calls_per_step": {n: api.count(n) / steps for n in sorted(set(api))}}
+    kb = kernel_breakdown(kernels, steps, top=10)
+    return {"wall_ms": wall_us / steps / 1e3, "gpu_busy_ms": kb["busy_us_per_step"] / 1e3,
+            "idle_share": 1 - kb["busy_us_per_step"] * steps / wall_us,
+            "kernels_per_step": kb["kernels_per_step"],
+            "api_calls_per_step": {n: api.count(n) / steps for n in sorted(set(api))},
+            "top_kernels": kb["top"]}
 
 
 def generate_step(model, cuda_graph: bool, compile: bool = False):
     """One decode token per call: generate_stream kept open, advanced by next()."""
-    stream = minillm.generate_stream(model, PROMPT, 512, ignore_eos=True,
-                                     cuda_graph=cuda_graph, compile=compile)
-    next(stream)  # the prefill
-    return lambda: next(stream)
+    return step_breakdown.generate_step(model, PROMPT, cuda_graph, compile=compile)
 
 
 def engine_step(model, batch: int, enforce_eager: bool):
@@ -107,6 +89,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_step_profile: no CUDA device, nothing to profile")
         return 0
+    step_breakdown.init_profiler_for_cuda_graphs()  # before the first graph is captured
     if args.random_weights:
         model = minillm.LlamaModel(minillm.ModelConfig.smollm2_135m(), attn_backend="triton")
         model = model.init_random_weights(seed=0).to("cuda", torch.bfloat16).eval()
@@ -129,6 +112,9 @@ def main() -> int:
         print(f"{name:>20}: {r['wall_ms']:.3f} ms/step, GPU busy {r['gpu_busy_ms']:.3f} ms, "
               f"idle {100 * r['idle_share']:.0f}%, {r['kernels_per_step']:.0f} kernels, "
               f"CUDA API {r['api_calls_per_step']}", flush=True)
+        for k in r["top_kernels"][:5]:
+            print(f"{'':>22}{k['us_per_step']:8.1f} µs {k['per_step']:5.0f}x  {k['kernel']}",
+                  flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch":
                                     torch.__version__, "steps": args.steps,

@@ -106,22 +106,36 @@ def step_until_decoding(engine) -> None:
         engine.step()
 
 
-def decode_step_ms(model, batch: int, steps: int, prompt_len: int = 128, **engine_kw) -> float:
-    """Mean ms of `steps` decode-only steps of an LLMEngine(max_num_seqs=batch, **engine_kw)
-    running `batch` requests of `prompt_len`-token prompts, timed once every prompt is
-    computed (step() returns after the sampled ids are on the host: no extra sync needed)."""
+def decoding_engine(model, batch: int, max_tokens: int, prompt_len: int = 128,
+                    **engine_kw) -> LLMEngine:
+    """An LLMEngine(max_num_seqs=batch, **engine_kw) running `batch` requests of
+    `prompt_len`-token prompts (max_tokens each), every prompt computed and the first decode
+    step of this shape taken (autotuning in an eager engine): the next max_tokens - 2
+    steps are decode-only steps of `batch` rows."""
     engine = LLMEngine(model, max_num_seqs=batch, **engine_kw)
     vocab = model.config.vocab_size
     for i in range(batch):
         engine.add_request(f"s{i}", [3 + (i * 7919 + j * 104729) % (vocab - 3)
                                      for j in range(prompt_len)],
-                           SamplingParams(max_tokens=steps + 32, ignore_eos=True))
+                           SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     step_until_decoding(engine)
-    engine.step()  # the first decode step of this shape (autotuning in an eager engine)
+    engine.step()
+    return engine
+
+
+def mean_step_ms(engine, steps: int) -> float:
+    """Mean ms of `steps` engine steps (step() returns after the sampled ids are on the host:
+    no extra sync needed)."""
     t0 = time.perf_counter()
     for _ in range(steps):
         engine.step()
     return (time.perf_counter() - t0) / steps * 1e3
+
+
+def decode_step_ms(model, batch: int, steps: int, prompt_len: int = 128, **engine_kw) -> float:
+    """Mean ms of `steps` decode-only steps of `decoding_engine(model, batch, ...)`."""
+    return mean_step_ms(decoding_engine(model, batch, steps + 32, prompt_len, **engine_kw),
+                        steps)
 
 
 def decode_path_ab(model, reqs):

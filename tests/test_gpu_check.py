@@ -204,6 +204,50 @@ def test_to_markdown_has_the_environment_every_section_and_labels_a_dry_run():
                                        "are NOT GPU numbers")
 
 
+def test_a_rows_breakdown_prints_as_small_tables_under_its_section_table():
+    """step_breakdown's parts: not a column of the row's table, but one line and one table
+    each, under the row's name; the kernels outside the top list summed in a last line; a
+    part that failed says so."""
+    import step_breakdown as sb
+
+    kernels = {"kind": "kernels", "events": "CUDA kernels, copies and memsets",
+               **sb.kernel_breakdown([(name, t + a, t + b) for t in (0, 10) for name, a, b in
+                                      (("gemv", 0, 6), ("norm", 6, 8), ("copy", 8, 9))],
+                                     steps=2, top=2),
+               "wall_us_per_step": 12.0, "seconds": 0.5}
+    host = {"kind": "host", "events": "host Python and C calls, own time (cProfile)",
+            **sb.host_breakdown({("~", 0, "<built-in method torch._C._nn.linear>"):
+                                 (6, 6, 3e-3, 3e-3, {})}, steps=2),
+            "wall_us_per_step": 2000.0, "seconds": 0.25}
+    row = {"engine": "graph", "tok_s": 1155.0,
+           "breakdown": {"graph replay, device": kernels, "eager step, host": host,
+                         "broken": {"error": "RuntimeError: CUPTI unavailable"}}}
+    entry = {"name": "decode", "title": "Decode", "status": "ok", "seconds": 3.0,
+             "budget_s": 10.0, "error": None, "rows": [row], "notes": ["n"], "skipped": []}
+    report = _report([entry])
+    validate_report(report)
+    md = to_markdown(report)
+    assert "| engine | tok_s |\n|---|---|\n| graph | 1155 |\n" in md  # no breakdown column
+    assert ("*graph: graph replay, device* (2 steps, 0.500 s): CUDA kernels, copies and "
+            "memsets: 3 per step, busy 9.00 µs of 12.00 µs wall per step\n\n"
+            "| kernel | per step | µs/step | of busy |\n|---|---|---|---|\n"
+            "| gemv | 1 | 6.00 | 67% |\n| norm | 1 | 2.00 | 22% |\n"
+            "| (1 others) | 1 | 1.00 | 11% |\n") in md
+    assert ("*graph: eager step, host* (2 steps, 0.250 s): host Python and C calls, own time "
+            "(cProfile): 1.50 ms per step (wall 2.00 ms under cProfile)\n\n"
+            "| function | calls/step | µs/step | share |\n|---|---|---|---|\n"
+            "| {built-in method torch._C._nn.linear} | 3 | 1500 | 100% |\n") in md
+    assert "*graph: broken*: not measured: `RuntimeError: CUPTI unavailable`" in md
+    assert md.index("| graph | 1155 |") < md.index("*graph: graph replay") < md.index("- n")
+    line = gpu_check._row_line(row)
+    assert line.startswith("engine=graph, tok_s=1155, breakdown=graph replay, device 0.5 s; "
+                           "eager step, host 0.25 s; broken failed"), line
+    bad = copy.deepcopy(report)
+    bad["sections"][0]["rows"][0]["breakdown"] = {"graph replay, device": [1, 2]}
+    with pytest.raises(ValueError, match=r"rows\[0\].breakdown must be"):
+        validate_report(bad)
+
+
 def test_the_schema_accepts_a_real_report_and_names_what_breaks_it():
     report = _report(run_sections(_sections([])[:3], "dry", CPU, {}))
     validate_report(report)
@@ -263,6 +307,17 @@ def test_cpu_dry_run_exercises_every_section_at_tiny_sizes(tmp_path):
     assert list(serving_rows)[:4] == ["engine continuous, triton",
                                       "engine continuous, triton, eager", "HF one-at-a-time",
                                       "HF static-16"]
+    breakdowns = {r["engine"]: r["breakdown"] for r in by["decode"]["rows"] if "breakdown" in r}
+    assert list(breakdowns) == ["minillm eager, triton attention",
+                                "minillm CUDA graph, triton attention", w4[1]["engine"]]
+    assert [list(b) for b in breakdowns.values()] == [
+        ["eager step, host"], ["graph replay, device"], ["graph replay, device"]]
+    step_row = serving_rows["engine decode step, batch 3"]  # the dry run's largest batch
+    assert list(step_row["breakdown"]) == ["graph step, device", "graph step, host",
+                                           "eager step, host"]
+    parts = [p for b in [*breakdowns.values(), step_row["breakdown"]] for p in b.values()]
+    assert all("error" not in p and p["top"] for p in parts), parts
+    assert "*minillm CUDA graph, triton attention: graph replay, device* (2 steps" in md.read_text()
     assert "2 of 18 requests" in serving_rows["HF one-at-a-time"]["sampled"]
     assert "1 batch: 16 of 18 requests" in serving_rows["HF static-16"]["sampled"]
     assert "extrapolated" in serving_rows["HF static-16"]["sampled"]
