@@ -97,6 +97,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.manual_seed(0)
+    # One thread: the few tiny products here are not what is measured, and a second OpenMP
+    # thread waiting for a busy core once stalled a 64-row step by milliseconds.
+    torch.set_num_threads(1)
     rows = []
     print(f"{device_name('cpu')}, {torch.get_num_threads()} threads; µs per step "
           f"(per sequence), median of {args.rounds} x {args.steps} steps, every sequence at "

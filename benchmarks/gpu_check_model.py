@@ -15,7 +15,8 @@ that have CUDA paths.
   transformers; every non-eager row compares its greedy tokens with eager's. SmolLM2 RTN
   w4 (``quant.GPU_LAYOUT``) eager and through a CUDA graph, against the bf16 rows. Where
   the time goes (a row's ``breakdown``, benchmarks/step_breakdown.py): the kernels of 16
-  replays of the Triton and w4 graph rows, the host's cProfile of 4 eager Triton steps.
+  replays of the Triton and w4 graph rows, the host's cProfile of 4 eager Triton and w4
+  steps.
 * serving: benchmarks/serving.py's workload and runners, the engine with CUDA graphs
   (its default on CUDA) and eager; the engine's decode step time at batch 1, 8 and 64,
   graph against eager, and where the batch-64 step's time goes (the kernels and the host's
@@ -162,10 +163,10 @@ def check_greedy(run) -> None:
 # part, full / quick / dry. Cost on a GPU, estimated (not yet measured there) from the
 # profiles of 2026-11-26 (a kernel event ~2 µs of GPU; the profiler's start, stop and event
 # parsing ~0.3-1 s a part): batch-1 graph kernels 16 x ~285 events, w4 the same, eager host
-# 4 x ~30 ms under cProfile; engine batch 64: graph kernels 16 x ~3 ms, graph host 16 steps,
-# eager host 2 x ~35 ms; about 5 s in all (each part's `seconds` says what it took), inside
+# 4 x ~30 ms under cProfile (w4: 4 x ~50 ms); engine batch 64: graph kernels 16 x ~3 ms,
+# graph host 16 steps, eager host 2 x ~35 ms; about 5 s in all (each part's `seconds` says what it took), inside
 # the decode and serving boxes: the rows they may push out are the last ones of each
-# section, which a tight box cuts first anyway. The CPU dry run's six parts take ~2 s.
+# section, which a tight box cuts first anyway. The CPU dry run's seven parts take ~2 s.
 KERNEL_STEPS = (16, 16, 2)
 HOST_STEPS = (4, 4, 2)            # eager steps under cProfile: ~30 ms each on a GPU
 ENGINE_HOST_STEPS = (16, 16, 2)   # graph engine steps under cProfile: ~3 ms each
@@ -322,8 +323,9 @@ def check_decode(run) -> None:
         bf16 = tok_s.get(f"minillm {label}, triton attention")
         out.update(MB_per_token=w4_bytes / 1e6,
                    vs_bf16=out["decode_tok_s"] / bf16 if bf16 else None)
-        if graph:
-            out["breakdown"] = decode_breakdown(run, qmodel, ids, graph)
+        # Graph: which kernels; eager: where the host goes (on the H100 of 2026-11-27 the
+        # eager w4 step took 23 ms more than bf16's for its 120 W4A16 calls).
+        out["breakdown"] = decode_breakdown(run, qmodel, ids, graph)
         return out
 
     hf = load_hf(run)
