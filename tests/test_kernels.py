@@ -497,6 +497,7 @@ def test_cuda_dispatch_path_runs_on_the_interpreter(gen, monkeypatch):
         seen.append((self.name, tuning.bucket_key(bucket), arch))
         return pinned[self.name]
     monkeypatch.setattr(tuning, "interpreter_enabled", lambda: False)  # take the CUDA branch ...
+    monkeypatch.setattr(tuning, "_ready", {})  # nothing resolved before, or kept after
     monkeypatch.setattr(tuning, "device_arch", lambda device=None: 90)
     monkeypatch.setattr(tuning.Tunable, "pinned", fake_pinned)
     monkeypatch.setattr(fa, "_check_device_dtype", lambda tensors: None)  # ... with CPU tensors

@@ -42,6 +42,7 @@ def compiled_branch(monkeypatch):
     saved = dict(tuning._measured), set(tuning._fell_back)
     tuning._measured.clear()
     tuning._fell_back.clear()
+    monkeypatch.setattr(tuning, "_ready", {})  # resolved under other tests' patched tables
     yield
     tuning.set_autotune(None)
     tuning._measured.clear()
@@ -111,6 +112,49 @@ def test_autotuning_times_every_candidate_keeps_the_fastest_and_saves_it(
     assert tuning.save_measured("a test GPU, 2026-11-26", path) == [path]
     entry = json.loads(path.read_text())["kernels"]["toy"]["D=64,dt=16"]
     assert entry["source"] == "measured: a test GPU, 2026-11-26" and entry["BLOCK_N"] == 32
+
+
+def test_a_bucket_is_resolved_once_until_something_changes_the_answer(compiled_branch,
+                                                                        monkeypatch):
+    """The second call of a bucket launches what the first resolved, without resolving it
+    again (an eager decode step launches ~150 kernels); turning autotuning on, or loading
+    measured configs, makes the next call resolve (and search) again."""
+    toy, fast, slow, default = _toy()
+    resolved = []
+    real = tuning.Tunable.config_for
+    monkeypatch.setattr(tuning.Tunable, "config_for",
+                        lambda self, b, d=None: resolved.append(b) or real(self, b, d))
+    tuning.set_autotune(False)
+    launched = []
+    for _ in range(3):
+        toy.run({"D": 64, "dt": 16}, launched.append, "cuda:0")
+    assert launched == [default] * 3 and len(resolved) == 1
+    toy.run({"D": 64, "dt": 32}, launched.append, "cuda:0")  # another bucket: its own answer
+    assert len(resolved) == 2
+
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **k: (
+        fn(), {32: 1.0, 64: 2.0}[launched[-1].kwargs["BLOCK_N"]] * 1e-3)[1])
+    tuning.set_autotune(True)
+    toy.run({"D": 64, "dt": 16}, launched.append, "cuda:0")
+    assert launched[-1] is fast and len(resolved) == 3  # searched, then resolved
+    toy.run({"D": 64, "dt": 16}, launched.append, "cuda:0")
+    assert launched[-1] is fast and len(resolved) == 3
+
+
+def test_a_search_asked_for_during_a_capture_runs_at_the_next_call(compiled_branch,
+                                                                    monkeypatch):
+    toy, fast, slow, default = _toy()
+    capturing = [True]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    launched = []
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **k: (
+        fn(), {32: 1.0, 64: 2.0}[launched[-1].kwargs["BLOCK_N"]] * 1e-3)[1])
+    tuning.set_autotune(True)
+    toy.run({"D": 64, "dt": 16}, launched.append)
+    assert launched == [default]  # no timing inside a capture: the pinned (here default)
+    capturing[0] = False
+    toy.run({"D": 64, "dt": 16}, launched.append)
+    assert launched[-1] is fast  # not the remembered default: the search ran now
 
 
 def test_no_search_while_a_cuda_graph_is_being_captured(compiled_branch, monkeypatch):

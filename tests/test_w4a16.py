@@ -369,6 +369,7 @@ def test_cuda_dispatch_path_runs_on_the_interpreter(gen, monkeypatch):
     the interpreter runs each call with the config sm_90.json pins for its bucket."""
     monkeypatch.setattr(tuning, "interpreter_enabled", lambda: False)  # take the CUDA branch
     monkeypatch.setattr(wk, "_check_device_dtype", lambda tensors: None)  # CPU tensors
+    monkeypatch.setattr(tuning, "_ready", {})  # nothing resolved before, or kept after
     monkeypatch.setattr(tuning, "device_arch", lambda device=None: 90)
     monkeypatch.setattr(tuning, "autotune_enabled", lambda name=None: False)
     used = []

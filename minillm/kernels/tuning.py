@@ -58,6 +58,11 @@ _measured: dict[tuple[str, int, str], tuple[triton.Config, float]] = {}
 _fell_back: set[tuple[str, int, str]] = set()
 _resolved: dict[tuple[str, str], "triton.Config | str"] = {}  # for torch.compile traces
 _autotune_override: bool | None = None
+# What `Tunable.run` launched for (kernel, device, bucket items) when nothing was left to
+# search: the next call of that bucket is one dict lookup, not the ~7 µs of resolving it
+# again (arch, key strings, file lookup, a new Config) on every eager launch. Emptied by
+# whatever changes an answer: set_autotune, load_measured, save_measured, a search.
+_ready: dict[tuple, triton.Config] = {}
 
 
 def load_measured(path: str | Path) -> int:
@@ -70,6 +75,7 @@ def load_measured(path: str | Path) -> int:
         cfg = config_from_dict({k: v for k, v in row.items()
                                 if k not in ("kernel", "arch", "bucket")})
         _measured[(row["kernel"], int(row["arch"]), row["bucket"])] = (cfg, float(row["us"]))
+    _ready.clear()
     return len(rows)
 
 
@@ -96,9 +102,12 @@ def autotune_requested() -> bool:
 
 
 def set_autotune(on: bool | None) -> None:
-    """Search every new bucket (True), never (False), or follow MINILLM_AUTOTUNE (None)."""
+    """Search every new bucket (True), never (False), or follow MINILLM_AUTOTUNE (None).
+    MINILLM_AUTOTUNE is read when a bucket is first launched: a bucket launched before the
+    variable changed keeps its config; this switch applies to every bucket at once."""
     global _autotune_override
     _autotune_override = on
+    _ready.clear()
 
 
 # ----------------------------------------------------------------------------- configs
@@ -129,7 +138,7 @@ def parse_bucket_key(key: str) -> dict:
 
 def dtype_bits(dtype: torch.dtype) -> int:
     """The ``dt`` field of a bucket: 16 for fp16 / bf16, 32 for fp32 (twice the tile bytes)."""
-    return 8 * torch.empty((), dtype=dtype).element_size()
+    return 8 * dtype.itemsize
 
 
 # ----------------------------------------------------------------------------- architectures
@@ -259,19 +268,28 @@ class Tunable:
         if interpreter_enabled():
             launch(self.interpreter)
             return
+        ready = (self.name, device, tuple(bucket.items()))
+        cfg = _ready.get(ready)
+        if cfg is not None:
+            launch(cfg)  # resolved before, and it ran: no search is pending
+            return
         arch, key = device_arch(device), self.check_bucket(bucket)
-        if ((self.name, arch, key) not in _measured and autotune_enabled(self.name)
-                and not torch.cuda.is_current_stream_capturing()):
+        unsearched = (self.name, arch, key) not in _measured and autotune_enabled(self.name)
+        if unsearched and not torch.cuda.is_current_stream_capturing():
             self._search(arch, key, launch)
+            unsearched = False
         cfg = self.config_for(bucket, device)
         try:
             launch(cfg)
+            if not unsearched:  # a search still due (asked for, during a capture) runs later
+                _ready[ready] = cfg
         except triton.runtime.errors.OutOfResources as e:
             if cfg is self.default:
                 raise RuntimeError(f"{self.name}: even the default tiles "
                                    f"{config_to_dict(cfg)} need more than this GPU (sm_{arch}) "
                                    f"has for shape class {key}: {e}") from e
             _fell_back.add((self.name, arch, key))
+            _ready.pop(ready, None)
             warnings.warn(f"minillm.kernels: the {self.name} config pinned for bucket {key} "
                           f"({config_to_dict(cfg)}) does not fit this GPU (sm_{arch}: {e}); "
                           f"using the default {config_to_dict(self.default)}", RuntimeWarning,
@@ -292,6 +310,7 @@ class Tunable:
             raise RuntimeError(f"{self.name}: no candidate config ran for bucket {key} on sm_{arch}")
         best = min(times, key=times.get)
         _measured[(self.name, arch, key)] = (best, times[best] * 1e3)
+        _ready.clear()
 
 
 def register(tunable: Tunable) -> Tunable:
@@ -353,6 +372,7 @@ def save_measured(source: str, path: Path | None = None) -> list[Path]:
         write_table(target, data)
         written.append(target)
     pinned_table.cache_clear()
+    _ready.clear()
     return written
 
 
