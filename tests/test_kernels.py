@@ -554,3 +554,15 @@ def test_the_argument_checks_trace_without_a_graph_break():
     torch._dynamo.reset()
     explained = torch._dynamo.explain(step)(torch.ones(4, dtype=DTYPES[0], device=DEVICE))
     assert explained.graph_break_count == 0, [str(b.reason)[:300] for b in explained.break_reasons]
+
+
+def test_the_host_grid_arithmetic_equals_tritons():
+    """The wrappers size their launches with `minillm.kernels._grid` (plain Python: Triton's
+    own are constexpr functions, 1.5 µs a call from Python): the same numbers."""
+    import triton
+
+    from minillm.kernels._grid import cdiv, next_power_of_2
+
+    assert [next_power_of_2(n) for n in range(4100)] == [triton.next_power_of_2(n)
+                                                         for n in range(4100)]
+    assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(600) for b in range(1, 70))

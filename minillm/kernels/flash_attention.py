@@ -21,6 +21,7 @@ import triton
 
 from . import tuning
 from ._checks import _check_device_dtype, _check_heads, _check_out, _is_integer
+from ._grid import cdiv, next_power_of_2
 from .flash_attention_kernel import LOG2E, _attn_fwd_kernel
 
 __all__ = ["flash_attention", "flash_attention_varlen"]
@@ -57,7 +58,7 @@ def _seqlen_bucket(max_q: int) -> int:
 
 
 def _block_d(d: int) -> int:
-    return max(16, triton.next_power_of_2(d))
+    return max(16, next_power_of_2(d))
 
 
 def _launch(q, k, v, out, lse, cu_q, cu_k, strides, hq, group, seqlen_q, seqlen_k, d,
@@ -68,7 +69,7 @@ def _launch(q, k, v, out, lse, cu_q, cu_k, strides, hq, group, seqlen_q, seqlen_
     bucket = {"D": meta["BLOCK_D"], "L": _seqlen_bucket(max_q), "causal": int(causal),
               "varlen": int(varlen), "dt": tuning.dtype_bits(q.dtype)}
     FLASH_ATTENTION.run(bucket, lambda cfg: _attn_fwd_kernel[
-        (triton.cdiv(max_q, cfg.kwargs["BLOCK_M"]), batch * hq)](
+        (cdiv(max_q, cfg.kwargs["BLOCK_M"]), batch * hq)](
         *args, **meta, **tuning.launch_options(cfg)), q.device)
 
 

@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 
 from .interpreter import require_working_setup
+from ._grid import cdiv, next_power_of_2
 
 __all__ = ["rms_norm", "add_rms_norm", "rope_kv", "silu_mul", "DTYPES"]
 
@@ -166,7 +167,7 @@ def _norm(x, delta, weight, eps):
                          f"{tuple(delta.shape)} {delta.dtype}")
     rows, width = x2.shape
     if rows:
-        block = triton.next_power_of_2(width)
+        block = next_power_of_2(width)
         _rms_norm_kernel[(rows,)](x2, d2, weight, out, s, width, float(eps),
                                   x2.stride(0), d2.stride(0), width, width,
                                   HAS_DELTA=delta is not None, BLOCK=block,
@@ -220,7 +221,7 @@ def rope_kv(heads: torch.Tensor, num_q: int, num_kv: int, cos: torch.Tensor, sin
                              f"{slots.dtype}")
         kstr, vstr = (kc.stride(0), kc.stride(1)), (vc.stride(0), vc.stride(1))
     if n:
-        bh, bd = triton.next_power_of_2(num_heads), triton.next_power_of_2(dim // 2)
+        bh, bd = next_power_of_2(num_heads), next_power_of_2(dim // 2)
         _rope_kv_kernel[(n,)](heads, cos, sin, kc, vc, slots, num_q, num_q + num_kv, num_heads,
                               dim // 2, heads.stride(0), heads.stride(1), cos.stride(0),
                               sin.stride(0), *kstr, *vstr, WRITE_KV=kv is not None,
@@ -237,7 +238,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     inter = x2.shape[1] // 2
     out = torch.empty((*gate_up.shape[:-1], inter), dtype=gate_up.dtype, device=gate_up.device)
     if x2.shape[0]:
-        block = min(SILU_BLOCK, triton.next_power_of_2(inter))
-        _silu_mul_kernel[(x2.shape[0], triton.cdiv(inter, block))](
+        block = min(SILU_BLOCK, next_power_of_2(inter))
+        _silu_mul_kernel[(x2.shape[0], cdiv(inter, block))](
             x2, out, inter, x2.stride(0), inter, BLOCK=block, num_warps=_warps(block))
     return out

@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from .interpreter import interpreter_enabled, require_working_setup
+from ._grid import cdiv
 
 __all__ = ["flash_attention_lab", "LAB_BLOCK_M", "LAB_BLOCK_N", "is_triton_function"]
 
@@ -118,7 +119,7 @@ def flash_attention_lab(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inner
     if b * h * t == 0:
         return out
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    grid = (triton.cdiv(t, LAB_BLOCK_M), b * h)
+    grid = (cdiv(t, LAB_BLOCK_M), b * h)
     _lab_attn_fwd[grid](q, k, v, out, t, scale, INNER_LOOP=inner_loop, CAUSAL=bool(causal),
                         BLOCK_M=LAB_BLOCK_M, BLOCK_N=LAB_BLOCK_N, HEAD_DIM=d)
     return out

@@ -40,6 +40,7 @@ from . import tuning
 from ._dot import dot
 from .interpreter import interpreter_enabled
 from ._checks import _check_device_dtype, _check_heads, _check_out, _is_integer
+from ._grid import cdiv, next_power_of_2
 from .flash_attention import _block_d
 from .flash_attention_kernel import LOG2E
 
@@ -176,7 +177,7 @@ def _num_splits_for(batch: int, hkv: int, max_tokens: int, sms: int) -> int:
     """Split-K count: about two waves of (sequence, KV head, split) programs over `sms`
     multiprocessors, and never a split of fewer than MIN_SPLIT_TOKENS positions (so
     contexts shorter than 2 * MIN_SPLIT_TOKENS run as one launch, without the combine)."""
-    want = triton.cdiv(2 * sms, batch * hkv)
+    want = cdiv(2 * sms, batch * hkv)
     return max(1, min(want, max_tokens // MIN_SPLIT_TOKENS))
 
 
@@ -253,7 +254,7 @@ def paged_decode_attention(
             raise ValueError(f"context_lens must be in [1, max_context_len or max_blocks * block_size "
                              f"= {max_tokens}]; got {context_lens.tolist()}")
         for i, n in enumerate(context_lens.tolist()):
-            used = block_tables[i, : triton.cdiv(n, block_size)]
+            used = block_tables[i, : cdiv(n, block_size)]
             if bool(((used < 0) | (used >= num_blocks)).any()):
                 raise ValueError(f"block_tables[{i}] uses block ids {used.tolist()} for its "
                                  f"{n} tokens; valid ids are 0..{num_blocks - 1}")
@@ -270,7 +271,7 @@ def paged_decode_attention(
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     num_splits = min(num_splits, max(1, max_tokens))
-    tokens_per_split = triton.cdiv(max_tokens, num_splits)
+    tokens_per_split = cdiv(max_tokens, num_splits)
     group = hq // hkv
 
     if num_splits == 1:  # write the final output directly, viewed as [B, Hq, 1, D]
@@ -287,7 +288,7 @@ def paged_decode_attention(
     args = (q, k_cache, v_cache, block_tables, context_lens, partial, lse,
             *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(),
             *p_strides, *l_strides, group, block_size, tokens_per_split, d, sm_scale * LOG2E)
-    meta = dict(STORE_LSE=num_splits > 1, BLOCK_H=max(16, triton.next_power_of_2(group)),
+    meta = dict(STORE_LSE=num_splits > 1, BLOCK_H=max(16, next_power_of_2(group)),
                 BLOCK_D=_block_d(d))
     bucket = {"D": meta["BLOCK_D"], "H": min(meta["BLOCK_H"], 128),
               "dt": tuning.dtype_bits(q.dtype), "lse": int(meta["STORE_LSE"])}
@@ -298,5 +299,5 @@ def paged_decode_attention(
     if num_splits > 1:
         _combine_splits_kernel[(bsz, hq)](
             partial, lse, out, num_splits, d, *partial.stride(), *lse.stride(), *out.stride(),
-            BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=_block_d(d))
+            BLOCK_S=max(2, next_power_of_2(num_splits)), BLOCK_D=_block_d(d))
     return out

@@ -119,6 +119,7 @@ import triton.language as tl
 from . import tuning
 from ._dot import dot
 from ._checks import _check_device_dtype
+from ._grid import cdiv
 
 __all__ = ["w4a16_linear"]
 
@@ -635,10 +636,10 @@ def _launch(x2, qw32, row_align, scales, zeros, out, group_size, block_k, block_
         x2 = x2.clone(memory_format=torch.contiguous_format)  # the GEMV reads 16-bit pairs
     m, k = x2.shape
     n = qw32.shape[0]
-    n_tiles, m_tiles = triton.cdiv(n, opts["BLOCK_N"]), triton.cdiv(m, block_m)
+    n_tiles, m_tiles = cdiv(n, opts["BLOCK_N"]), cdiv(m, block_m)
     if n_tiles * m_tiles > COUNTER_SLOTS:
         split = 1
-    k_per_split = triton.cdiv(k // block_k, split) * block_k
+    k_per_split = cdiv(k // block_k, split) * block_k
     # The same pointer types whatever the split (one compiled program for every SPLIT_K,
     # and no atomic on a 16-bit pointer, which sm_80 lacks): the int32 counters always,
     # and with one split, which writes `out` directly, an fp32 view of them as partials.
@@ -661,7 +662,7 @@ def _dequantize(qw32, row_align, scales, zeros, group_size, block_k, n, k, dtype
     """Ŵ ``[N, K]`` in ``dtype`` by ``_dequantize_kernel`` (bit for bit ``dequantize_packed``)."""
     w = torch.empty((n, k), dtype=dtype, device=qw32.device)
     z, z_strides = (scales, (0, 0)) if zeros is None else (zeros, zeros.stride())
-    _dequantize_kernel[(triton.cdiv(n, DEQUANT_BLOCK_N), k // block_k)](
+    _dequantize_kernel[(cdiv(n, DEQUANT_BLOCK_N), k // block_k)](
         qw32, scales, z, w, n, group_size, qw32.stride(0), *scales.stride(), *z_strides,
         w.stride(0), BLOCK_N=DEQUANT_BLOCK_N, BLOCK_K=block_k, HAS_ZEROS=zeros is not None,
         ROW_ALIGN=row_align, num_warps=4)
