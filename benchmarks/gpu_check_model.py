@@ -24,7 +24,7 @@ that have CUDA paths.
   HF static-16 are sampled (2 requests / one batch of 16; their tok/s extrapolated, as the
   row says), before the engine's slow gather-path row.
 * pytest: the test files with CUDA paths (the CUDA-relevant tests of each), one process
-  per entry of TEST_FILES, all at once, CUDA visible.
+  per entry of TEST_FILES, all at once (benchmarks/side_by_side.py), CUDA visible.
 
 In the CPU dry run the model is a 2-layer random-weight SmolLM2 look-alike (its vocabulary,
 tiny dimensions) and transformers' LlamaForCausalLM of the same shape: every code path runs,
@@ -37,9 +37,7 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import warnings
 
@@ -51,6 +49,7 @@ import step_breakdown
 import workload
 from gpu_check import ROOT, Section, SectionTimeout
 from minillm import LlamaModel, ModelConfig, calc, generate, load_model
+from side_by_side import Job, run_side_by_side
 
 DRY_CONFIG = ModelConfig.tiny(vocab_size=49152, max_position_embeddings=512)
 CPU = torch.device("cpu")
@@ -496,21 +495,19 @@ TEST_FILES = [
 # once. The GPU machine has 16 cores and 80 GB: each process uses at most 2 threads
 # (tests/conftest.py) and well under 2 GB of GPU memory, and their Triton compiles overlap.
 PYTEST_PARALLEL = 16
-PYTEST_POLL_S = 0.2
 
 
-def start_pytest(path: str, marks: str, select: str = "") -> tuple[subprocess.Popen, object]:
-    """Start one test file's pytest process, its output into a temporary file (a pipe nobody
-    reads while other files run would fill and stall it); (process, that file)."""
+def start_pytest(entry: tuple[str, str, str]) -> Job:
+    """Start one entry of TEST_FILES, (file, marks, -k selection), as a pytest process, its
+    output (stdout and stderr in one) in a temporary file (side_by_side.Job)."""
+    path, marks, select = entry
     marks = " and ".join(m for m in ("not browser", marks) if m)
     cmd = [sys.executable, "-m", "pytest", path, "-q", "-p", "no:cacheprovider", "-m", marks]
     cmd += ["-k", select] if select else []
     # The project first, then what the caller had (an offline run's unpacked wheels).
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    log = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            text=True), log
+    return Job(entry, cmd, env=env, cwd=ROOT, merge_stderr=True)
 
 
 def pytest_row(path: str, marks: str, select: str, returncode: int, out: str,
@@ -531,6 +528,10 @@ def pytest_row(path: str, marks: str, select: str, returncode: int, out: str,
     return row
 
 
+def _entry_label(path: str, select: str) -> str:
+    return f"{path}{f' -k {select!r}' if select else ''}"
+
+
 def check_pytest(run) -> None:
     dist = sorted(os.path.relpath(p, ROOT) for p in glob.glob(str(ROOT / "tests/test_dist*.py"))
                   if not os.path.basename(p).startswith("test_distill"))  # that one is spec
@@ -538,39 +539,23 @@ def check_pytest(run) -> None:
     files = ((TEST_FILES if run.cuda else spec)  # on a CPU the rest run in `make test`
              + [(p, "" if run.cuda else "not slow", "") for p in dist])
     parallel = PYTEST_PARALLEL if run.cuda else 1
-    queue, running = list(files), []  # running: (process, log, entry, start)
-    try:
-        while (queue or running) and run.time_left() > 0:
-            while queue and len(running) < parallel:
-                entry = queue.pop(0)
-                running.append((*start_pytest(*entry), entry, time.monotonic()))
-            done = [r for r in running if r[0].poll() is not None]
-            if not done:
-                time.sleep(PYTEST_POLL_S)
-                continue
-            for proc, log, (path, marks, select), t0 in done:  # rows as files finish
-                running.remove((proc, log, (path, marks, select), t0))
-                log.seek(0)
-                out, seconds = log.read(), time.monotonic() - t0
-                log.close()
-                run.case(path, lambda: pytest_row(path, marks, select, proc.returncode, out,
-                                                  seconds))
-    finally:  # the time box (or a signal) ends the files still running
-        for proc, log, (path, marks, select), t0 in running:
-            seconds = time.monotonic() - t0
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-                run.skipped.append(f"{path}{f' -k {select!r}' if select else ''}: cut by the "
-                                   f"time box after {seconds:.0f} s")
-                row = {"file": path, "marks": marks, "k": select, "ok": None,
-                       "outcome": "time box"}
-            else:  # it finished after the last poll: its result stands
-                log.seek(0)
-                row = pytest_row(path, marks, select, proc.returncode, log.read(), seconds)
-            log.close()
-            run.rows.append(row)
-        run.skipped += [f"{p}{f' -k {k!r}' if k else ''} (time box)" for p, _, k in queue]
+
+    def ended(job: Job) -> None:  # a row as each file finishes
+        path, marks, select = job.item
+        run.add_row(pytest_row(path, marks, select, job.proc.returncode, job.output()[0],
+                               job.seconds), job.seconds)
+
+    run.current = (f"{len(files)} pytest entries, {parallel} at a time", time.monotonic())
+    cut, unstarted = run_side_by_side(files, start_pytest, parallel, run.time_left, ended)
+    run.current = None
+    for job in cut:  # stopped at the section's deadline
+        path, marks, select = job.item
+        run.skipped.append(f"{_entry_label(path, select)}: cut by the time box after "
+                           f"{job.seconds:.0f} s")
+        run.add_row({"file": path, "marks": marks, "k": select, "ok": None,
+                     "outcome": "time box"}, job.seconds)
+    run.skipped += [f"{_entry_label(p, k)} (time box)" for p, _, k in unstarted]
+    run.incomplete = bool(cut or unstarted)
     run.notes.append(f"one pytest process per entry, {parallel} at a time, -m 'not browser' "
                      "(and the marks and -k selections of the table); the kernel tests switch "
                      "to CUDA, fp16 and bf16 when it is visible"
