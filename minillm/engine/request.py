@@ -228,7 +228,7 @@ class RequestOutput:
     index: int = 0                    # which of the n samples
     # All generated so far: the first num_generated of the request's output list, which
     # only grows (shared, not copied: a copy per token per step grew with the output).
-    generated: Sequence[int] = ()
+    generated: Sequence[int] = field(default=(), repr=False)
     num_generated: int = 0
     metrics: RequestMetrics | None = None
 
