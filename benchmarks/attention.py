@@ -46,6 +46,7 @@ from minillm.kernels import (  # noqa: E402  (sets TRITON_INTERPRET on CPU-only 
     tiled_attention,
 )
 from minillm.measure import attention_peak_growth  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 RESULTS = ROOT / "benchmarks" / "results" / "attention.json"
 
@@ -271,8 +272,7 @@ def main() -> None:
         report["note"] = "Triton interpreter: correctness only; timings are not performance."
         report["smoke"] = cpu_smoke()
         report["memory"] = cpu_memory()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_result(args.out, report, device="cuda" if report["mode"] == "cuda" else "cpu")
     print(f"\nwrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
 
 

@@ -30,6 +30,10 @@ from pathlib import Path
 
 RESULTS = Path(__file__).with_name("results") / "compile_cache.json"
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from minillm.devices import default_device  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 CHILD = """
 import json, sys, time, torch
@@ -67,8 +71,8 @@ def main():
                   flush=True)
     result = {"benchmark": "compile_cache", "date": time.strftime("%Y-%m-%d %H:%M"),
               "dtype": args.dtype, "runs": runs}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    # The children load the model on the default device, as the parent would.
+    write_result(args.out, result, device=default_device())
     print(f"wrote {args.out}")
 
 

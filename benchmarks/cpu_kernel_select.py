@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import sys
 import time
@@ -31,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minillm import cpp_extension, cpu_select  # noqa: E402
 from minillm.devices import _cpuinfo_field, device_name  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 RESULTS = Path(__file__).with_name("results") / "cpu_kernel_select.json"
 
@@ -105,14 +105,12 @@ def main():
     print(f"\nchosen kernels slower than their fallback in the re-measurement: "
           f"{', '.join(slower) or 'none'}")
     print(f"buckets the re-measurement would choose differently: {', '.join(changed) or 'none'}")
-    out = Path(args.out)
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({
+    out = write_result(args.out, {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu,
         "torch": torch.__version__, "host_isas": list(cpp_extension.host_isas()),
         "first_use_s": first_use_s, "selection": sel.choices,
         "selection_timings_ms": sel.timings_ms, "remeasured": rows,
-        "slower_than_fallback": slower, "would_change": changed}, indent=1) + "\n")
+        "slower_than_fallback": slower, "would_change": changed}, indent=1)
     print(f"wrote {out}")
 
 

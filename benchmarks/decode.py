@@ -26,7 +26,6 @@ every weight once per token, so no engine can beat them):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -46,6 +45,7 @@ from minillm import calc, cpu_select  # noqa: E402
 from minillm.gguf_loader import find_model_path  # noqa: E402
 from minillm.devices import cpu_native_bf16, device_name  # noqa: E402
 from minillm.perf import measure_bandwidth, measure_matvec_bandwidth  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 PROMPT = [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}]
 
@@ -215,8 +215,7 @@ def main():
     print("CPU kernel selection (minillm.cpu_select):")
     for line in result["cpu_kernel_selection"]:
         print(f"  {line}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, device=model.device)
     print(f"wrote {args.out}")
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import time
 from pathlib import Path
@@ -27,10 +26,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # loaded by file from the tests too
 
 import minillm  # noqa: E402
 from minillm.devices import device_name  # noqa: E402
 from minillm.layers import cpu_linear  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 PROMPT = [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}]
 
@@ -107,8 +108,7 @@ def main() -> None:
     out = {"benchmark": "decode_overhead", "date": time.strftime("%Y-%m-%d %H:%M"),
            "cpu": device_name("cpu"), "threads": torch.get_num_threads(),
            "new_tokens": args.new_tokens, "rounds": args.rounds, "results": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    write_result(args.out, out)
     print(f"wrote {args.out}")
 
 

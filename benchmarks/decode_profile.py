@@ -28,7 +28,6 @@ so the bins are shares of the profiled step; the untimed step is the real one.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import defaultdict
@@ -44,6 +43,7 @@ from minillm.attention import cpu_decode  # noqa: E402
 from minillm.layers import cpu_linear, fused  # noqa: E402
 from minillm.measure import step_profile  # noqa: E402
 from minillm.perf import measure_matvec_bandwidth  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 RESULTS = Path(__file__).with_name("results") / "decode_profile.json"
 PROMPT = [1, 504, 3937, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
@@ -190,8 +190,7 @@ def main():
            "cpu": device_name("cpu"), "threads": args.threads, "steps": args.steps,
            "weight_bytes": weight_bytes, "matvec_bytes_per_s": matvec, "floor_us": floor_us,
            "results": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    write_result(args.out, out)
     print(f"wrote {args.out}")
 
 

@@ -24,7 +24,6 @@ shows). Each is the median of --rounds rounds of --steps steps.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -39,6 +38,7 @@ from minillm.devices import device_name  # noqa: E402
 from minillm.engine import LLMEngine, SamplingParams  # noqa: E402
 from minillm.engine.step import run_step  # noqa: E402
 from minillm.model import LlamaModel  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 PROMPT_LEN = 128
 
@@ -111,8 +111,8 @@ def main() -> int:
         rows.append({"batch": b, "bookkeeping_us": book, "host_step_us": host})
         print(f"{b:>5} | {book:8.0f} ({book / b:5.1f}) | {host:8.0f} ({host / b:5.1f})")
     if args.out:
-        args.out.write_text(json.dumps({"host": device_name("cpu"), "args": vars(args) | {
-            "out": str(args.out)}, "rows": rows}, indent=1) + "\n")
+        write_result(args.out, {"host": device_name("cpu"), "args": vars(args) | {
+            "out": str(args.out)}, "rows": rows}, indent=1)
     return 0
 
 

@@ -20,7 +20,6 @@ The fused C++ needs neither. Prints µs per layer and the speedups; --out writes
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -33,6 +32,7 @@ from minillm import ModelConfig  # noqa: E402
 from minillm.devices import device_name  # noqa: E402
 from minillm.layers import fused  # noqa: E402
 from minillm.model import apply_rope, rope_cos_sin  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 RESULTS = Path(__file__).with_name("results") / "glue.json"
 
@@ -117,8 +117,7 @@ def main():
            "rounds": args.rounds, "repeats": args.repeats,
            "us_per_layer": {str(k): v for k, v in results.items()},
            "compile_s_per_row_count": {str(k): v for k, v in compile_s.items()}}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    write_result(args.out, out)
     print(f"wrote {args.out}")
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import time
 from pathlib import Path
@@ -30,11 +29,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # loaded by file from the tests too
 
 import minillm  # noqa: E402
 from minillm.attention import cpu_decode  # noqa: E402
 from minillm.data import lee_corpus  # noqa: E402
 from minillm.devices import device_name  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 WAYS = ("kernel", "sdpa")
 
@@ -115,8 +116,7 @@ def main() -> None:
     out = {"benchmark": "long_context_decode", "date": time.strftime("%Y-%m-%d %H:%M"),
            "cpu": device_name("cpu"), "threads": torch.get_num_threads(), "steps": args.steps,
            "rounds": args.rounds, "results": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    write_result(args.out, out)
     print(f"wrote {args.out}")
 
 

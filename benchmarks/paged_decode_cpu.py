@@ -19,7 +19,6 @@ two, round by round, after checking that both give the same output.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from minillm.attention import cpu_decode  # noqa: E402
 from minillm.devices import device_name  # noqa: E402
 from minillm.paged import PagedKVCache  # noqa: E402
 from minillm.perf import measure_bandwidth  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 RESULTS = Path(__file__).with_name("results") / "paged_decode_cpu.json"
 LAYERS, HKV, HQ, D, BLOCK = 30, 3, 9, 64, 16
@@ -99,8 +99,7 @@ def main():
               "cpu": device_name("cpu"), "threads": args.threads, "seqs": args.seqs,
               "context_range": [args.min_len, args.max_len], "kv_bytes_per_layer": kv_bytes,
               "stream_bytes_per_s": stream, "ms_per_layer": {k: v * 1e3 for k, v in best.items()}}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(f"wrote {args.out}")
 
 

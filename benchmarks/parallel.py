@@ -25,7 +25,6 @@ same decode step and prefill (logits of the last position only) at each TP size.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -38,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import minillm  # noqa: E402
 from minillm import calc, dist  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 PROMPT = "Explain in a few sentences why the sky is blue."
 H100 = {"hbm_bandwidth_bytes_per_s": 3.35e12, "peak_flops": 989e12}
@@ -172,7 +172,7 @@ def main():
                                             len(prompt_ids))},
     }
     result["load_average_before_after"] = [load_before, os.getloadavg()]
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    write_result(args.out, result, indent=1)
     print(f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; "
           f"wrote {args.out}")
 

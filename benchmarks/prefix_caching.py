@@ -17,7 +17,6 @@ For each, with caching on and off: hit rate, prompt tokens the model computed, w
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -29,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import minillm  # noqa: E402
 from minillm.engine import LLMEngine, SamplingParams  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 SYSTEM_PROMPT_TOKENS = 512
 
@@ -111,7 +111,7 @@ def main() -> None:
         r = measure(model, args.requests)
     print(report(r))
     r["date"] = time.strftime("%Y-%m-%d %H:%M")
-    Path(args.out).write_text(json.dumps(r, indent=2) + "\n")
+    write_result(args.out, r, device=model.device)
     print(f"wrote {args.out}")
 
 

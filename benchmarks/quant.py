@@ -36,6 +36,7 @@ from minillm import quant, timing  # noqa: E402
 from minillm.gguf_loader import find_model_path  # noqa: E402
 from minillm.devices import device_name  # noqa: E402
 from minillm.perf import measure_bandwidth  # noqa: E402
+from result_file import provenance, write_json  # noqa: E402  (benchmarks/result_file.py)
 
 RESULTS = Path(__file__).with_name("results") / "quant.json"
 PROMPT = [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}]
@@ -47,11 +48,13 @@ def machine() -> dict:
             "torch": torch.__version__, "date": date.today().isoformat()}
 
 
-def save(key: str, value) -> None:
+def save(key: str, value: dict, device) -> None:
+    """Update one part of the results file, the other part kept as it was. Each part carries
+    its own provenance: `--part quality` and `--part speed` may be runs days apart, and one
+    entry for the whole file would misdescribe the part that this run did not write."""
     data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    data[key] = value
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(data, indent=2) + "\n")
+    data[key] = {**value, "provenance": provenance(device=device)}
+    write_json(RESULTS, data)
 
 
 def quality(model, tok, eval_windows, calibration_windows):
@@ -190,9 +193,10 @@ def main():
     torch.set_num_threads(int(os.environ.get("MINILLM_THREADS", torch.get_num_threads())))
     model, tok = minillm.load_model()
     if args.part in ("quality", "all"):
-        save("quality", quality(model, tok, args.eval_windows, args.calibration_windows))
+        save("quality", quality(model, tok, args.eval_windows, args.calibration_windows),
+             model.device)
     if args.part in ("speed", "all"):
-        save("speed", speed(model, tok, args.new_tokens, args.rounds))
+        save("speed", speed(model, tok, args.new_tokens, args.rounds), model.device)
 
 
 if __name__ == "__main__":

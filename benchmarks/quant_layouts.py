@@ -23,7 +23,6 @@ rows for g96 / g128 / g192 symmetric). Writes benchmarks/results/quant_layouts.j
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from datetime import date
 from pathlib import Path
@@ -37,6 +36,7 @@ from minillm import quant  # noqa: E402
 from minillm.devices import device_name  # noqa: E402
 from minillm.quant.packing import packed_bytes  # noqa: E402
 from minillm.quant.quantize import PROJECTIONS, projections  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 RESULTS = Path(__file__).with_name("results") / "quant_layouts.json"
 # (group size, symmetric): today's default first, then the symmetric candidates; g64 sym
@@ -92,8 +92,7 @@ def main(argv=None) -> int:
                    "g128 / g192 symmetric rows against g64 asymmetric)",
         "eval_windows": args.eval_windows, "eval_tokens": quality[next(iter(quality))]["tokens"],
         "fp32_ppl": fp32["ppl"], "rows": rows}
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(RESULTS, result, argv=None if argv is None else [__file__, *argv])
     print(f"{'layout':14} {'bits/w stored':>13} {'bits/w GPU':>10} {'MB/token':>9} {'KL':>7} "
           f"{'ppl':>7} {'top-1':>6}")
     for r in rows:

@@ -16,15 +16,16 @@ Writes benchmarks/results/serve_load.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from minillm.devices import default_device  # noqa: E402
 from minillm.serve import ServerProcess, loadgen  # noqa: E402
 from serve_common import machine  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 FRACTIONS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 OUT = Path(__file__).with_name("results") / "serve_load.json"
@@ -66,7 +67,9 @@ def main(argv=None) -> int:
     finally:
         if server is not None:
             info["server_exit_code"] = server.stop()
-    Path(args.out).write_text(json.dumps(info, indent=1) + "\n")
+    # The device a server started here runs on (with --url, this machine's default).
+    write_result(args.out, info, indent=1, device=default_device(),
+                 argv=None if argv is None else [__file__, *argv])
     print(f"wrote {args.out}")
     return 0
 

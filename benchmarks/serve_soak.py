@@ -14,7 +14,6 @@ Writes benchmarks/results/serve_soak.json; exits 1 if a check fails.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import threading
@@ -26,9 +25,11 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from minillm.devices import default_device  # noqa: E402
 from minillm.serve import ServerProcess, loadgen  # noqa: E402
 from minillm.serve.metrics import parse_prometheus  # noqa: E402
 from serve_common import machine, rss_bytes  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 OUT = Path(__file__).with_name("results") / "serve_soak.json"
 
@@ -82,7 +83,9 @@ def main(argv=None) -> int:
     print(result.summary())
     print(f"5xx {num_5xx}, leaked blocks {leaked:.0f}, RSS {first / 2**20:.0f} -> "
           f"{last / 2**20:.0f} MB; checks: {checks}")
-    Path(args.out).write_text(json.dumps(info, indent=1) + "\n")
+    # The server ran on this machine's default device, as `python -m minillm serve` does.
+    write_result(args.out, info, indent=1, device=default_device(),
+                 argv=None if argv is None else [__file__, *argv])
     print(f"wrote {args.out}")
     return 0 if all(checks.values()) else 1
 

@@ -54,6 +54,7 @@ from minillm.engine import LLMEngine, SamplingParams  # noqa: E402
 from minillm.perf import measure_matmul_flops  # noqa: E402
 from decode import load_hf  # noqa: E402  (same transformers reference as the decode benchmark)
 import prefix_caching  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 from workload import PATH as WORKLOAD_PATH, make_workload  # noqa: E402
 
 
@@ -385,8 +386,7 @@ def main():
               "goals": {"engine / HF one-at-a-time": 14, "engine / HF static-16": 3},
               "decode_path_ab": ab, "memory": memory, "prefix_caching": prefix,
               "cpu": device_name("cpu"), "cpu_kernel_selection": cpu_select.current().lines()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, device=model.device)
     print(f"wrote {args.out}")
 
 

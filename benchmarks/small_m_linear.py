@@ -26,7 +26,6 @@ results/small_m_linear_bf16.json.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -39,6 +38,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minillm import ModelConfig  # noqa: E402
 from minillm.layers import cpu_linear  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 RESULTS = Path(__file__).with_name("results") / "small_m_linear.json"
 
@@ -93,10 +93,9 @@ def main():
         print(f"{m:4d}" + "".join(f"{v:18.1f}" for v in ms.values())
               + f"{blas / ms['kernel']:15.2f}x{ms['kernel'] / base['kernel']:16.2f}"
               f"{blas / base['blas']:14.2f}")
-    results.parent.mkdir(exist_ok=True)
-    results.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                   "threads": torch.get_num_threads(), "dtype": args.dtype,
-                                   "rows": rows_out}, indent=1) + "\n")
+    write_result(results, {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                           "threads": torch.get_num_threads(), "dtype": args.dtype,
+                           "rows": rows_out}, indent=1)
     print(f"\nwrote {results.relative_to(Path.cwd()) if results.is_relative_to(Path.cwd()) else results}")
 
 

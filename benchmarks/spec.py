@@ -28,7 +28,6 @@ small-M kernel (the result file records which).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -42,6 +41,7 @@ import minillm  # noqa: E402
 from minillm import calc, spec  # noqa: E402
 from minillm.data import lee_corpus  # noqa: E402
 from minillm.layers import cpu_linear  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 CHAT = ["What is the capital of France?", "Write a haiku about the sea.",
         "Explain why the sky is blue.", "Give three tips for learning to cook.",
@@ -174,8 +174,7 @@ def main() -> None:
                           "torch": torch.__version__},
               "new_tokens": args.new_tokens, "prompts_per_set": n_prompts, "quick": args.quick,
               "plain": plain, "rows": rows}
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(out_path, result, device=model.device)
     print(f"wrote {out_path}")
 
 

@@ -13,7 +13,6 @@ articles the prompts are built from are held out of training.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -28,6 +27,7 @@ import minillm  # noqa: E402
 from minillm import spec  # noqa: E402
 from minillm.data import lee_corpus  # noqa: E402
 from minillm.spec.distill import make_draft, distill, trainable_parameters  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 from spec import measure, prompt_sets  # noqa: E402  (benchmarks/spec.py)
 
 
@@ -72,8 +72,7 @@ def main() -> None:
               "kl_last10": sum(losses[-10:]) / len(losses[-10:]), "losses": losses,
               "new_tokens": args.new_tokens, "prompts_per_set": args.prompts,
               "plain": plain, "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out, result, indent=1, device=model.device)
     print(f"wrote {args.out}")
 
 
