@@ -266,13 +266,16 @@ def check_labs(run) -> None:
                      f"{sum(r['seconds'] for r in done):.0f} s of lab time in all")
     if parallel == 1:
         run.notes.append("per-lab seconds go into widgets/lab_runtimes.json under \"GPU\" "
-                         "(quick_seconds), which each lab's first cell prints")
+                         "(quick_seconds), which each lab's first cell prints: python "
+                         "benchmarks/lab_runtimes.py --from-report <this report>")
     else:
         run.notes.append("the labs ran concurrently (`alongside`: the most other labs running "
                          "at once during each): they shared the GPU and the cores, so their "
                          "seconds are not lab_runtimes.json's, and a failure beside others (a "
                          "quiz that compares a prediction with a measurement above all) must "
-                         "be re-run alone (--labs NN --lab-parallel 1) before it is believed")
+                         "be re-run alone (--labs NN --lab-parallel 1) before it is believed; "
+                         "lab_runtimes.py --from-report records them as such (\"N labs at "
+                         "once\")")
 
 
 def section(names=None, box_s: float = LAB_BOX_S, labs_dir: Path | None = None,

@@ -3,6 +3,7 @@
 
     python benchmarks/lab_runtimes.py --record [--note "nothing else running"] [01 09 ...]
     python benchmarks/lab_runtimes.py --inplace [01 09 ...]
+    python benchmarks/lab_runtimes.py --from-report labs.json [01 09 ...]
 
 ``--record`` times each lab (the executed copy goes to a temporary folder) and writes its
 seconds under the kind of device it ran on. Both modes print, for every lab, each kept
@@ -12,6 +13,13 @@ that a prediction that fails on this machine is seen before anything is committe
 run's; it records nothing, because a lab's first cell prints the times recorded before it
 ran. Refreshing both is therefore two passes:
 ``--record`` first, then ``--inplace``, on a quiet machine (every lab measures timings).
+
+``--from-report`` records, without running anything, what a GPU check's labs section
+measured (``gpu_check.py --sections labs``; the offline session's part3 writes it as
+``labs.json``): each lab that passed gets its ``quick_seconds`` under "GPU", with the GPU's
+name, how many labs ran beside it (part3 runs five at a time: then the seconds are those of
+a shared GPU, an upper bound of a lab alone, and the name says so) and the report's date. A
+lab that failed or was cut is named and not recorded; a CPU report (the dry run) is refused.
 
 Invariants: each lab runs in a fresh kernel with ``QUIZZES_ANSWERS=off`` (no answer is
 written into the outputs) and ``MINILLM_QUICK`` unset; a lab that raises stops the script
@@ -66,11 +74,49 @@ def execute(path: Path, out: Path, timeout_s: int) -> tuple[float, str]:
     return seconds, marks
 
 
+def from_report(report: dict, table: dict, labs: list[str] | None = None) -> list[str]:
+    """Put the labs section of a gpu_check report into ``table`` (lab_runtimes.json's
+    contents) under "GPU" (``labs``: only these stems); returns one line per lab, recorded
+    or why not. Raises ValueError for a report that holds no GPU measurement of labs."""
+    env = report.get("environment") or {}
+    if not env.get("cuda") or report.get("mode") == "cpu-dry-run":
+        raise ValueError(f"the report was not measured on a GPU (device {env.get('device')!r}, "
+                         f"mode {report.get('mode')!r}): only a GPU check's labs are recorded")
+    section = next((s for s in report.get("sections", []) if s.get("name") == "labs"), None)
+    if section is None:
+        raise ValueError("the report has no labs section: run gpu_check.py --sections labs "
+                         "(the offline session's part3)")
+    date, lines = str(env.get("date", ""))[:10], []
+    for row in section.get("rows", []):
+        lab = row.get("lab")
+        if labs and lab not in labs:
+            continue
+        if row.get("ok") is not True:
+            lines.append(f"{lab}: not recorded ({row.get('outcome', 'failed')}"
+                         f"{': ' + row['error'] if row.get('error') else ''})")
+            continue
+        beside = int(row.get("alongside") or 0)
+        name = env["device"] + (f", {beside + 1} labs at once" if beside else "")
+        entry = {"quick_seconds": round(row["seconds"]), "device_name": name, "date": date}
+        old = (table.setdefault(lab, {"CPU": None, "GPU": None}).get("GPU") or {})
+        if old.get("device_name") == name and old.get("date") == date and "seconds" in old:
+            entry["seconds"] = old["seconds"]  # a full run of the same machine and day stays
+        table[lab]["GPU"] = entry
+        lines.append(f"{lab}: {entry['quick_seconds']} s with MINILLM_QUICK=1 on {name}")
+    for skipped in section.get("skipped", []):  # "<lab> (why)": cut or never started
+        lab, _, why = skipped.partition(" ")
+        if not labs or lab in labs:
+            lines.append(f"{lab}: not recorded {why}")
+    return lines
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--record", action="store_true", help="time each lab; write lab_runtimes.json")
     mode.add_argument("--inplace", action="store_true", help="save the executed notebooks over the solutions")
+    mode.add_argument("--from-report", type=Path, metavar="FILE",
+                      help="record a GPU check's labs section (part3's labs.json); runs nothing")
     ap.add_argument("--note", default="", help="appended to the device name, e.g. 'nothing else running'")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
     ap.add_argument("labs", nargs="*", help="lab numbers or names (default: all)")
@@ -79,6 +125,16 @@ def main(argv=None) -> None:
         labs = notebooks(args.labs)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
+    if args.from_report:
+        table = json.loads(RUNTIMES.read_text(encoding="utf-8"))
+        try:
+            report = json.loads(args.from_report.read_text(encoding="utf-8"))
+            lines = from_report(report, table, [p.stem for p in labs] if args.labs else None)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"error: {args.from_report}: {exc}") from None
+        RUNTIMES.write_text(json.dumps(table, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        print("\n".join(lines))
+        return
 
     os.environ["QUIZZES_ANSWERS"] = "off"
     os.environ.pop("MINILLM_QUICK", None)
