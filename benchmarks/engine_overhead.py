@@ -35,29 +35,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minillm.config import ModelConfig  # noqa: E402
 from minillm.devices import device_name  # noqa: E402
-from minillm.engine import LLMEngine, SamplingParams  # noqa: E402
+from minillm.engine import LLMEngine  # noqa: E402
 from minillm.engine.step import run_step  # noqa: E402
 from minillm.model import LlamaModel  # noqa: E402
 from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
+from serving import decoding_engine  # noqa: E402
 
 PROMPT_LEN = 128
 
 
-def prompt(i: int, vocab: int) -> list[int]:
-    return [3 + (i * 7919 + j * 104729) % (vocab - 3) for j in range(PROMPT_LEN)]
-
-
 def tiny_engine(batch: int, position: int, steps: int, **engine_kw) -> LLMEngine:
-    """An engine whose `batch` requests have each generated `position` tokens."""
+    """An engine whose `batch` requests (serving.decoding_engine's prompts) have each
+    generated `position` tokens, with `steps` more to go."""
     config = ModelConfig.tiny(num_layers=1, vocab_size=512, max_position_embeddings=4096)
     model = LlamaModel(config).init_random_weights(0).eval()
-    engine = LLMEngine(model, max_num_seqs=batch, **engine_kw)
-    for i in range(batch):
-        engine.add_request(f"r{i}", prompt(i, config.vocab_size),
-                           SamplingParams(max_tokens=position + steps + 8,
-                                          ignore_eos=True))
-    while any(len(r.output_token_ids) < position for r in engine.scheduler.running) \
-            or engine.scheduler.waiting:
+    engine = decoding_engine(model, batch, position + steps + 8, PROMPT_LEN, **engine_kw)
+    while any(len(r.output_token_ids) < position for r in engine.scheduler.running):
         engine.step()
     return engine
 

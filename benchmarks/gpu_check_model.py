@@ -572,7 +572,7 @@ def check_pytest(run) -> None:
 # against what the H100 took on 2026-11-27 (a fresh machine: every Triton kernel compiled):
 #   greedy_match  34  (29.6 s)
 #   decode       122  (110.2 s, the torch.compile rows included; since then the breakdowns
-#                      of three rows, ~3 s: see KERNEL_STEPS)
+#                      of four rows, ~4 s: see KERNEL_STEPS)
 #   serving      100  (the rows before the gather row: ~85 s with 3 HF requests, ~75 s with
 #                      2; the gather row was cut after at least 15 s, so it has ~25 s here,
 #                      ~2 s less since the batch-64 step row's breakdown)
