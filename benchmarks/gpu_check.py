@@ -36,7 +36,7 @@ run; each has a time box, and what it had no time for is listed as skipped):
                       full run (its budget is its own, or --lab-budget)
 
 Time: the full run fits in 8 minutes on one GPU, models included: the sections' time boxes
-sum to TOTAL_BUDGET_S (420 s: kernels 103, models 317, each box sized from what that section
+sum to TOTAL_BUDGET_S (420 s: kernels 111, models 309, each box sized from what that section
 took on an H100 on a fresh machine, with nothing cut), and START_UP_S (60 s) is left for the
 machine's start, the copies and each process's start and environment measurement;
 --quick in 3 minutes. The plan assumes the kernels' pinned tile configurations (a first
@@ -101,7 +101,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 NO_GPU_LINE = ("gpu_check: no CUDA device (torch.cuda.is_available() is False), so nothing "
                "was checked; run it on a GPU machine (make gpu-check), or add --cpu-dry-run "
                "to exercise the script on CPU at tiny sizes")
-# The sections' time boxes sum to these (full: kernels 103 s, models 317 s; quick: 37 + 105).
+# The sections' time boxes sum to these (full: kernels 111 s, models 309 s; quick: 41 + 102).
 # With START_UP_S the full run is 8 minutes (issue 25), the quick one 3 with GRACE_S too.
 TOTAL_BUDGET_S = {"full": 420.0, "quick": 145.0, "dry": 600.0}
 START_UP_S = 60.0  # the GPU machine's start, the copies, processes starting, environment()

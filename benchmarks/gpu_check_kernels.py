@@ -361,6 +361,76 @@ def check_w4a16(run) -> None:
                      "torch.matmul; config: the pinned tiles used")
 
 
+# ----------------------------------------------------------------------------- decode GEMV
+
+
+# SmolLM2's three products that the decode GEMV takes with their glue: (name, N, K, prologue)
+GEMV_PRODUCTS = [("qkv", 960, 576, "add+norm"), ("gate_up", 3072, 576, "add+norm"),
+                 ("down", 576, 1536, "silu·up")]
+
+
+def gemv_case(run, name, n, k, prologue, m, weight, dtype) -> dict:
+    """One fused call (`decode_gemv.norm_linear` / `silu_mul_linear`) against the kernels it
+    replaces (the Triton glue, then cuBLAS or the W4A16 kernel), both from CUDA graphs over
+    weight copies larger than L2, as a layer's products run in a graph step."""
+    from minillm.kernels import decode_gemv as dg
+    from minillm.kernels import glue
+
+    torch.manual_seed(zlib.crc32(f"{name} {m} {weight}".encode()))
+    w = torch.randn(n, k, device=run.device) * k ** -0.5
+    if weight == "w4":
+        qw, scales, zeros = packing.pack(rtn(w, 4, 64 if k % 64 == 0 else 32, False))
+        group = k // scales.shape[1]
+        fused_w = lambda c: dg.Int4Weight(*c, group)  # noqa: E731
+        product = lambda h, c: w4a16_linear(h, *c, group)  # noqa: E731
+        copies = [(qw, scales, zeros)]
+        nbytes = sum(t.numel() * t.element_size() for t in copies[0])
+        copies += [tuple(t.clone() for t in copies[0]) for _ in range(input_copies(run, nbytes) - 1)]
+    else:
+        w = w.to(dtype)
+        fused_w = lambda c: c  # noqa: E731
+        product = F.linear
+        copies = [w] + [w.clone() for _ in range(input_copies(run, w.numel() * w.element_size()) - 1)]
+    if prologue == "add+norm":
+        x, d = randn(run, m, k, dtype=dtype), randn(run, m, k, dtype=dtype)
+        nw = 1 + 0.1 * randn(run, k, dtype=dtype)
+        fused = lambda c: dg.norm_linear(x, d, nw, 1e-5, fused_w(c))[1]  # noqa: E731
+        unfused = lambda c: product(glue.add_rms_norm(x, d, nw, 1e-5)[1], c)  # noqa: E731
+    else:
+        gu = randn(run, m, 2 * k, dtype=dtype)
+        fused = lambda c: dg.silu_mul_linear(gu, fused_w(c))  # noqa: E731
+        unfused = lambda c: product(glue.silu_mul(gu), c)  # noqa: E731
+    out, first_s = first_call(run, lambda: fused(copies[0]))
+    ref = unfused(copies[0])
+    err = max_err(out, ref) / max(float(ref.abs().max()), 1e-12)
+    ms = bench_graph(run, [lambda c=c: fused(c) for c in copies])
+    ms_unfused = bench_graph(run, [lambda c=c: unfused(c) for c in copies])
+    return {"product": name, "prologue": prologue, "weight": weight, "N": n, "K": k, "M": m,
+            "rel_err": err, "us": 1e3 * ms, "unfused_us": 1e3 * ms_unfused,
+            "vs_unfused": ms_unfused / ms, "first_s": first_s,
+            # the unfused product sums in another order (cuBLAS), and w4's reference rounds
+            # nothing more: both within the dtype's tolerance of the kernel
+            "ok": err <= tol(dtype)}
+
+
+def check_decode_gemv(run) -> None:
+    dtype = kernel_dtype(run)
+    cases = [(p, 1, wt) for wt in ("bf16", "w4") for p in GEMV_PRODUCTS] + [
+        (GEMV_PRODUCTS[0], 4, "bf16"), (GEMV_PRODUCTS[0], 4, "w4")]
+    for (name, n, k, prologue), m, weight in run.pick(cases, cases[:4:3], cases[:4:3]):
+        if run.dry:  # the interpreter: a small twin of the shape (K a multiple of 64)
+            n, k = n // 8, 64 * (k // 576)
+        run.case(f"{name} {weight} M={m}",
+                 lambda name=name, n=n, k=k, prologue=prologue, m=m, weight=weight:
+                 gemv_case(run, name, n, k, prologue, m, weight, dtype))
+    run.notes.append("decode GEMV (minillm.kernels.decode_gemv): the glue before a weight "
+                     "product done in the product's kernel; us: the fused call, unfused_us: "
+                     "the Triton glue kernel then cuBLAS (bf16) or the W4A16 kernel (w4, g64 "
+                     "asym), both GPU time per call replayed from a CUDA graph over weight "
+                     "copies larger than L2; vs_unfused > 1: the fused call is faster; "
+                     "rel_err against the unfused result, relative to its max")
+
+
 # Time boxes (s), planned for an H100 with the pinned tile configs (a first call of a new
 # shape compiles one configuration, 1-3 s): see TOTAL_BUDGET_S in gpu_check.py. Full run,
 # against what the H100 took on 2026-11-27 (a fresh machine: every kernel compiled):
@@ -370,6 +440,8 @@ def check_w4a16(run) -> None:
 #   varlen           40  (22.3 s for the 6 rows up to context 1024, the 3 at 8192 cut: the
 #                         B = 16 and 256 rows cost most, and the 8192 ones are the largest)
 #   w4a16            18  (11.6 s, one call at a time; the graphs add as for paged_decode)
+#   decode_gemv       8  (new since: 8 small calls, 6 compiled programs, each pair from
+#                         two graphs; not yet run on a GPU)
 SECTIONS = [
     Section("flash_attention", "FlashAttention (causal, GQA) against SDPA and float64",
             check_flash, {"full": 33, "quick": 15, "dry": 120}),
@@ -379,4 +451,6 @@ SECTIONS = [
             check_varlen, {"full": 40, "quick": 8, "dry": 60}),
     Section("w4a16", "W4A16 matmul against a dense matmul and dequantize-then-matmul",
             check_w4a16, {"full": 18, "quick": 6, "dry": 60}),
+    Section("decode_gemv", "Decode GEMV with its glue fused, against glue + product",
+            check_decode_gemv, {"full": 8, "quick": 4, "dry": 60}),
 ]

@@ -32,6 +32,7 @@ no number means anything.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -229,6 +230,22 @@ def decode_speed(run, timed, n, rounds) -> dict:
     return {"decode_tok_s": statistics.median(samples), "first_s": first_s}
 
 
+GEMV_OFF = ", GEMV glue off"  # the rows run with fused.FUSED_GEMV = False
+
+
+@contextlib.contextmanager
+def fused_gemv(on: bool):
+    """The decode GEMV (`minillm.kernels.decode_gemv`) on or off for a row; a DecodeGraph
+    captured the other way is re-captured (it keys on the setting)."""
+    from minillm.layers import fused
+
+    saved, fused.FUSED_GEMV = fused.FUSED_GEMV, on and fused.FUSED_GEMV
+    try:
+        yield
+    finally:
+        fused.FUSED_GEMV = saved
+
+
 # (row name, compile, cuda_graph), most telling first: the time box may cut the tail.
 DECODE_VARIANTS = [("eager", False, False), ("CUDA graph", False, True),
                    ("CUDA graph of the compiled step", True, True), ("compiled", True, False)]
@@ -267,17 +284,22 @@ def check_decode(run) -> None:
             ref = eager_tokens[backend]
             out.update(same_tokens_as_eager=tokens == ref,
                        first_divergence=first_divergence(ref, tokens))
-            if "compiled" not in name and backend in ("triton", "w4"):  # eager's kernels, replayed
+            if ("compiled" not in name and GEMV_OFF not in name
+                    and backend in ("triton", "w4")):  # eager's kernels, replayed
                 out["ok"] = tokens == ref
         return out
 
     wanted = run.options.get("decode_rows")
 
-    def variant(label, compiled, graph):
+    def variant(label, compiled, graph, gemv=True):
         for backend in run.options.get("backends") or ("triton", "torch"):
-            name = f"minillm {label}, {backend} attention"
-            if wanted and label not in wanted:
+            name = f"minillm {label}, {backend} attention" + ("" if gemv else GEMV_OFF)
+            if wanted and label + ("" if gemv else GEMV_OFF) not in wanted:
                 continue
+            if not gemv and backend != "triton":  # the GEMV's A/B: the Triton path's rows
+                continue
+            if backend == "torch" and not graph:  # ~7 s for the slowest row (52 tok/s on the
+                continue  # H100 of 11-27), now that torch attention is no path of a GPU step
             if compiled and (run.mode == "quick" or not run.options.get("compile", True)):
                 run.skipped.append(f"{name} (--quick / --no-compile: compiling takes minutes)")
                 continue
@@ -287,44 +309,45 @@ def check_decode(run) -> None:
                 run.skipped.append(f"{name} (torch.compile cannot trace Triton's interpreter)")
                 continue
 
-            def case(name=name, backend=backend, compiled=compiled, graph=graph):
+            def case(name=name, backend=backend, compiled=compiled, graph=graph, gemv=gemv):
                 model.set_attn_backend(backend)
-                with warnings.catch_warnings():  # the dry run's "no CUDA graphs on a CPU"
-                    warnings.simplefilter("ignore")
+                with warnings.catch_warnings(), fused_gemv(gemv):  # warnings: the dry run's
+                    warnings.simplefilter("ignore")                # "no CUDA graphs on a CPU"
                     tokens = generate(model, ids, n, ignore_eos=True, compile=compiled,
                                       cuda_graph=graph)
                     if not compiled and not graph:  # the reference: no comparison
                         eager_tokens[backend], tokens = tokens, None
                     out = row(name, lambda k: decode_bench.time_minillm(
                         model, ids, k, compile=compiled, cuda_graph=graph), tokens, backend)
-                if backend == "triton" and not compiled:
-                    out["breakdown"] = decode_breakdown(run, model, ids, graph)
+                    if backend == "triton" and not compiled:
+                        out["breakdown"] = decode_breakdown(run, model, ids, graph)
                 return out
             run.case(name, case)
 
-    def w4_case(label, graph):
-        """SmolLM2 RTN w4 on the device (QuantLinear -> the W4A16 kernel), Triton
-        attention, against the bf16 row of the same path in this run."""
+    def w4_case(label, graph, gemv=True):
+        """SmolLM2 RTN w4 on the device (QuantLinear -> the decode GEMV, or the W4A16
+        kernel), Triton attention, against the bf16 row of the same path in this run."""
         from minillm import quant
 
         qmodel, layout = load_w4(run)
         qmodel.set_attn_backend("triton")
         w4_bytes = quant.weight_bytes(qmodel)["per_token"]
+        suffix = "" if gemv else GEMV_OFF
         name = (f"minillm w4 g{layout['group_size']} {'sym' if layout['sym'] else 'asym'} "
-                f"(RTN, head bf16) {label}, triton attention")
-        with warnings.catch_warnings():
+                f"(RTN, head bf16) {label}, triton attention{suffix}")
+        with warnings.catch_warnings(), fused_gemv(gemv):
             warnings.simplefilter("ignore")
             tokens = generate(qmodel, ids, n, ignore_eos=True, cuda_graph=graph)
             if not graph:
                 eager_tokens["w4"], tokens = tokens, None
             out = row(name, lambda k: decode_bench.time_minillm(qmodel, ids, k, cuda_graph=graph),
                       tokens, "w4", run.env["bandwidth_GBps"] * 1e9 / w4_bytes)
-        bf16 = tok_s.get(f"minillm {label}, triton attention")
+            # Graph: which kernels; eager: where the host goes (on the H100 of 2026-11-27
+            # the eager w4 step took 23 ms more than bf16's for its 120 W4A16 calls).
+            out["breakdown"] = decode_breakdown(run, qmodel, ids, graph)
+        bf16 = tok_s.get(f"minillm {label}, triton attention{suffix}")
         out.update(MB_per_token=w4_bytes / 1e6,
                    vs_bf16=out["decode_tok_s"] / bf16 if bf16 else None)
-        # Graph: which kernels; eager: where the host goes (on the H100 of 2026-11-27 the
-        # eager w4 step took 23 ms more than bf16's for its 120 W4A16 calls).
-        out["breakdown"] = decode_breakdown(run, qmodel, ids, graph)
         return out
 
     hf = load_hf(run)
@@ -335,6 +358,12 @@ def check_decode(run) -> None:
     for label, graph in (("eager", False), ("CUDA graph", True)):  # before the compiled rows
         if not wanted or f"w4 {label}" in wanted:
             run.case(f"w4 {label}", lambda label=label, graph=graph: w4_case(label, graph))
+    # The decode GEMV's A/B (MINILLM_FUSED_GEMV=0): the graph rows with the glue and the
+    # products as separate kernels again (cuBLAS, the W4A16 kernel), same run, same tokens
+    # expected up to bf16 rounding (another summation order).
+    variant("CUDA graph", False, True, gemv=False)
+    if not wanted or f"w4 CUDA graph{GEMV_OFF}" in wanted:
+        run.case(f"w4 CUDA graph{GEMV_OFF}", lambda: w4_case("CUDA graph", True, gemv=False))
     for label, compiled, graph in DECODE_VARIANTS[2:]:
         variant(label, compiled, graph)
     run.notes += [f"batch 1, {len(ids)}-token prompt, {n} new tokens, median of {rounds} "
@@ -353,6 +382,11 @@ def check_decode(run) -> None:
                   "W4A16 kernel; of_ceiling against the bytes as stored (quant.weight_bytes "
                   "per_token: packed nibbles, fp16 scales, 8-bit zeros), vs_bf16 against the "
                   "bf16 row of the same path; its graph row must give its eager tokens",
+                  f"'{GEMV_OFF[2:]}' rows: the graph rows with the decode GEMV off "
+                  "(MINILLM_FUSED_GEMV=0): RMSNorm, SiLU·up and the weight products as "
+                  "separate kernels again (cuBLAS, the W4A16 kernel), the A/B of "
+                  "minillm.kernels.decode_gemv; their tokens are shown, not required to "
+                  "match (another summation order)",
                   "first_s: the first full-length call (autotuning, compilation, capture)"
                   + ("" if run.cuda else "; on a CPU the graph rows run uncaptured"),
                   breakdown_note(run)]
@@ -471,6 +505,7 @@ TEST_FILES = [
     ("tests/test_cuda_graph.py", "not slow", "test_generate_replays_the_captured_step"),
     ("tests/test_cuda_graph.py", "not slow", "not test_generate_replays_the_captured_step"),
     ("tests/test_glue_kernels.py", "", ""),
+    ("tests/test_decode_gemv.py", "", ""),  # new since: ~50 cases, 3 dtypes, 24 programs
     ("tests/test_kernels.py", "", "test_flash_attention_matches_reference"),
     ("tests/test_kernels.py", "", "not test_flash_attention_matches_reference"),
     ("tests/test_triton_backend.py", "", ""),
@@ -493,8 +528,9 @@ TEST_FILES = [
 
 # Test processes at once on CUDA: every entry above (and the tensor-parallel files) at
 # once. The GPU machine has 16 cores and 80 GB: each process uses at most 2 threads
-# (tests/conftest.py) and well under 2 GB of GPU memory, and their Triton compiles overlap.
-PYTEST_PARALLEL = 16
+# (tests/conftest.py) and well under 2 GB of GPU memory, and their Triton compiles overlap
+# (one process more than cores: most of a process's time is waiting on its compiles).
+PYTEST_PARALLEL = 17
 
 
 def start_pytest(entry: tuple[str, str, str]) -> Job:
@@ -571,8 +607,9 @@ def check_pytest(run) -> None:
 # section that needs them (greedy_match); see TOTAL_BUDGET_S in gpu_check.py. Full run,
 # against what the H100 took on 2026-11-27 (a fresh machine: every Triton kernel compiled):
 #   greedy_match  34  (29.6 s)
-#   decode       122  (110.2 s, the torch.compile rows included; since then the breakdowns
-#                      of four rows, ~4 s: see KERNEL_STEPS)
+#   decode       114  (110.2 s, the torch.compile rows included; since then the breakdowns
+#                      of four rows, ~4 s: see KERNEL_STEPS; the decode GEMV's two graph rows
+#                      with it off, ~3 s; less the eager torch-attention row, ~7 s)
 #   serving      100  (the rows before the gather row: ~85 s with 3 HF requests, ~75 s with
 #                      2; the gather row was cut after at least 15 s, so it has ~25 s here,
 #                      ~2 s less since the batch-64 step row's breakdown)
@@ -582,7 +619,7 @@ SECTIONS = [
     Section("greedy_match", "SmolLM2 greedy on the device against fp32 on the CPU",
             check_greedy, {"full": 34, "quick": 25, "dry": 60}),
     Section("decode", "Batch-1 decode against the bandwidth ceiling and transformers",
-            check_decode, {"full": 122, "quick": 40, "dry": 150}),
+            check_decode, {"full": 114, "quick": 37, "dry": 150}),
     Section("serving", "Serving workload: engine continuous against HF (sampled)",
             check_serving, {"full": 100, "quick": 40, "dry": 120}),
     Section("pytest", "Test files with CUDA paths", check_pytest,

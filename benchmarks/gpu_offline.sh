@@ -32,7 +32,7 @@
 # Environment, read by the parts there:
 #   GPU_PYTHON       the interpreter (default python3)
 #   GPU_CHECK_ARGS   extra gpu_check arguments for part1 and part2, e.g. "--quick", "--autotune"
-#   KERNEL_SECTIONS  part1 (default flash_attention,paged_decode,varlen,w4a16; empty: none)
+#   KERNEL_SECTIONS  part1 (default flash_attention,paged_decode,varlen,w4a16,decode_gemv; empty: none)
 #   MODEL_SECTIONS   part2 (default greedy_match,decode,serving,pytest; empty: none)
 #   KWAIT            part2: seconds to wait for the kernel sections (default 120)
 #   MODEL_S          part2: outer limit on the model sections in seconds (default 345)
@@ -46,8 +46,8 @@
 #   GPU_DIR          pack: where to pack (default .gpu, which the device call carries; each
 #                    part reads the files beside it); GPU_PY_VERSION: the image's Python
 # Planned on an H100 with the pinned tile configs (gpu_check.TOTAL_BUDGET_S, 420 s, and
-# START_UP_S, 60 s: 8 minutes in all): kernel sections 103 s of time boxes (they started in
-# part1, so part2 waits for what is left of them), model sections 317 s (+ ~15 s of process
+# START_UP_S, 60 s: 8 minutes in all): kernel sections 111 s of time boxes (they started in
+# part1, so part2 waits for what is left of them), model sections 309 s (+ ~15 s of process
 # start and at most GRACE_S past a box: MODEL_S), part1 about 20 s. A session's 15 minutes
 # of device time leave part3 about 4 (LABS_S 240): ten labs in that time only side by side.
 set -euo pipefail
@@ -101,7 +101,7 @@ for w in "$H"/whl/*.whl; do "$PY" -m zipfile -e "$w" $D/site/; done  # pure-Pyth
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 export PYTHONPATH=$D/site:$R MINILLM_GGUF=$D/model.gguf HF_HUB_OFFLINE=1
 "$PY" -c "import torch, triton, gguf; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())"
-S=${KERNEL_SECTIONS-flash_attention,paged_decode,varlen,w4a16}
+S=${KERNEL_SECTIONS-flash_attention,paged_decode,varlen,w4a16,decode_gemv}
 if [ -z "$S" ]; then echo "KERNEL_SECTIONS is empty: no kernel sections"; exit 0; fi
 touch $D/kernels.started
 setsid -f bash -c "'$PY' benchmarks/gpu_check.py --sections $S --out $D/kernels.json \

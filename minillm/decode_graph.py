@@ -22,8 +22,9 @@ What a graph needs is that every tensor it touches keeps its address and shape:
 - the logits [B, 1, V] come out in a static buffer; the host samples them as in eager.
 
 Graphs live on the model (`model._decode_graphs`), one per (batch size, compile). One is
-reused while the attention backend's kind, the weights' addresses, the dtype and a large
-enough capacity stay the same; otherwise it is rebuilt (and re-captured).
+reused while the attention backend's kind, the weights' addresses, the dtype, a large
+enough capacity and `fused.FUSED_GEMV` (the decode GEMV on or off) stay the same;
+otherwise it is rebuilt (and re-captured).
 
 `cuda_graph=None` (generate's default) means True on CUDA and False elsewhere. On a CPU
 there are no CUDA graphs: `cuda_graph=True` warns once and runs the same static step
@@ -123,6 +124,7 @@ class DecodeGraph:
         device = model.device
         self.model, self.batch_size, self.capacity = model, batch_size, capacity
         self.backend, self.dtype, self.weights = model.attn_backend, model.dtype, _weights_key(model)
+        self.fused_gemv = fused.FUSED_GEMV  # captured with (or without) the decode GEMV
         self.cache = KVCache(model.config, batch_size, capacity, model.dtype, device)
         for t in self.cache.k + self.cache.v:  # masked keys must hold numbers (0 * NaN = NaN)
             t.zero_()
@@ -146,7 +148,8 @@ class DecodeGraph:
 
     def serves(self, model, num_tokens: int) -> bool:
         return (type(self.backend) is type(model.attn_backend) and self.dtype == model.dtype
-                and num_tokens <= self.capacity and self.weights == _weights_key(model))
+                and num_tokens <= self.capacity and self.weights == _weights_key(model)
+                and self.fused_gemv == fused.FUSED_GEMV)
 
     def _step(self) -> torch.Tensor:
         ctx = StaticCacheContext(self.backend, self.cache, self.rows, self.positions[:, 0])

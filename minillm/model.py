@@ -23,7 +23,9 @@ CUDA (eager), the plain PyTorch ops elsewhere. The model's loop leaves each laye
 residual add open (`DecoderLayer.forward_open`) for the next layer's norm to add in its
 pass; `layer(x)` alone still returns the sum. A context that owns a cache may hand each
 layer a `fused.KVWrite` (`ctx.kv_write(layer)`): RoPE then stores the layer's K/V in the
-same pass, and `attend` is told so (`kv_stored=True`).
+same pass, and `attend` is told so (`kv_stored=True`). A decode step on CUDA goes one step
+further: each norm runs inside the weight product that reads it, and SiLU·up inside down's
+(`fused.norm_linear`, `fused.silu_mul_linear`: the decode GEMV), six kernels a layer.
 """
 from __future__ import annotations
 
@@ -43,11 +45,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fused.rms_norm(x, self.weight, self.eps)
-
-    def add_forward(self, x: torch.Tensor, delta: torch.Tensor):
-        """(x + delta, self(x + delta)) in one pass where the fused C++ applies: the residual
-        add and the norm that reads the sum."""
-        return fused.add_rms_norm(x, delta, self.weight, self.eps)
 
 
 def rope_cos_sin(head_dim: int, max_positions: int, theta: float, device=None):
@@ -88,9 +85,13 @@ class Attention(nn.Module):
         """Project and rotate: q [B,T,Hq,D], k/v [B,T,Hkv,D]. With kv_write (a
         `fused.KVWrite` from the attention context), k and v are also stored in the cache.
         Exposed for Lab 02."""
+        return self.rotate(self.qkv_proj(x), cos, sin, kv_write)
+
+    def rotate(self, qkv, cos, sin, kv_write=None):
+        """q, k, v from q|k|v's projection [B, T, q_size + 2 kv_size], RoPE applied."""
         c = self.config
-        B, T, _ = x.shape
-        heads = self.qkv_proj(x).view(B, T, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+        B, T, _ = qkv.shape
+        heads = qkv.view(B, T, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
         n = c.num_heads + c.num_kv_heads
         if fused.rope_(heads, n, cos, sin, kv_write) is not None:  # in place, in one pass
             return heads[:, :, :c.num_heads], heads[:, :, c.num_heads:n], heads[:, :, n:]
@@ -102,10 +103,14 @@ class Attention(nn.Module):
         return q, k, v
 
     def forward(self, x, cos, sin, ctx, layer_idx: int):
+        return self.attend(self.qkv_proj(x), cos, sin, ctx, layer_idx)
+
+    def attend(self, qkv, cos, sin, ctx, layer_idx: int):
+        """Attention from q|k|v's projection on: RoPE, the cache, attention, o_proj."""
         kv_write = ctx.kv_write(layer_idx)  # None: attend stores K/V itself
-        q, k, v = self.qkv(x, cos, sin, kv_write)
+        q, k, v = self.rotate(qkv, cos, sin, kv_write)
         out = ctx.attend(layer_idx, q, k, v, kv_stored=kv_write is not None)  # [B, T, Hq, D]
-        return self.o_proj(out.reshape(x.shape[0], x.shape[1], self.config.q_size))
+        return self.o_proj(out.reshape(qkv.shape[0], qkv.shape[1], self.config.q_size))
 
 
 class MLP(nn.Module):
@@ -118,7 +123,7 @@ class MLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, x):
-        return self.down_proj(fused.silu_mul(self.gate_up_proj(x)))
+        return fused.silu_mul_linear(self.gate_up_proj(x), self.down_proj)
 
 
 class DecoderLayer(nn.Module):
@@ -137,16 +142,19 @@ class DecoderLayer(nn.Module):
         """The layer with its last residual add left open: the input is x + delta (delta:
         the previous layer's MLP output, or None), the output is the pair (x, mlp) whose sum
         is `forward`'s result. The model's loop hands the pair to the next layer, whose
-        input norm adds it in its own pass (`add_forward`): one kernel per layer fewer on a
-        GPU, the same bits everywhere (the sum is rounded once, as `x + delta`)."""
-        if delta is None:
-            h = self.input_norm(x)
-        else:
-            x, h = self.input_norm.add_forward(x, delta)
-        # x + attn, then its norm, in one pass (minillm.layers.fused).
-        x, h = self.post_attention_norm.add_forward(
-            x, self.attn(h, cos, sin, ctx, layer_idx))
-        return x, self.mlp(h)
+        input norm adds it in its own pass: one kernel per layer fewer on a GPU, the same
+        bits everywhere (the sum is rounded once, as `x + delta`).
+
+        Each norm goes straight into the product that reads it, and SiLU·up into down's
+        (`fused.norm_linear`, `fused.silu_mul_linear`): for a decode step on CUDA each pair
+        is one kernel (the decode GEMV); elsewhere the norm's glue, then the Linear, as
+        `self.attn(...)` and `self.mlp(...)` compute them."""
+        norm = self.input_norm
+        x, qkv = fused.norm_linear(x, delta, norm.weight, norm.eps, self.attn.qkv_proj)
+        attn = self.attn.attend(qkv, cos, sin, ctx, layer_idx)
+        norm = self.post_attention_norm
+        x, gate_up = fused.norm_linear(x, attn, norm.weight, norm.eps, self.mlp.gate_up_proj)
+        return x, fused.silu_mul_linear(gate_up, self.mlp.down_proj)
 
 
 class LlamaModel(nn.Module):

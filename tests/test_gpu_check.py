@@ -282,7 +282,8 @@ def test_cpu_dry_run_exercises_every_section_at_tiny_sizes(tmp_path):
     validate_report(report)
     assert report["mode"] == "cpu-dry-run" and report["ok"] and report["finished"]
     assert [s["name"] for s in report["sections"]] == [
-        "flash_attention", "paged_decode", "varlen", "w4a16", "greedy_match", "decode",
+        "flash_attention", "paged_decode", "varlen", "w4a16", "decode_gemv", "greedy_match",
+        "decode",
         "serving", "pytest"]
     for s in report["sections"]:
         assert s["status"] == "ok" and s["rows"], s
@@ -294,15 +295,19 @@ def test_cpu_dry_run_exercises_every_section_at_tiny_sizes(tmp_path):
     assert all(r["first_divergence"] is None for r in by["greedy_match"]["rows"])
     engines = [r["engine"] for r in by["decode"]["rows"]]
     assert engines[0] == "transformers" and "minillm eager, triton attention" in engines
-    assert "minillm CUDA graph, torch attention" in engines  # torch: eager and graph rows
+    assert "minillm CUDA graph, torch attention" in engines  # torch: the graph row only
+    assert "minillm eager, torch attention" not in engines
+    assert "minillm CUDA graph, triton attention, GEMV glue off" in engines
     assert by["decode"]["skipped"] == [
         "minillm CUDA graph of the compiled step, triton attention (torch.compile cannot "
         "trace Triton's interpreter)",
         "minillm compiled, triton attention (torch.compile cannot trace Triton's interpreter)"]
     w4 = [r for r in by["decode"]["rows"] if r["engine"].startswith("minillm w4")]
-    assert [r["engine"].split(") ")[1] for r in w4] == ["eager, triton attention",
-                                                        "CUDA graph, triton attention"]
+    assert [r["engine"].split(") ")[1] for r in w4] == [
+        "eager, triton attention", "CUDA graph, triton attention",
+        "CUDA graph, triton attention, GEMV glue off"]
     assert w4[1]["ok"] and all(r["vs_bf16"] > 0 for r in w4)
+    assert "ok" not in w4[2]  # the A/B row's tokens are shown, not required to match
     serving_rows = {r["system"]: r for r in by["serving"]["rows"]}
     assert list(serving_rows)[:4] == ["engine continuous, triton",
                                       "engine continuous, triton, eager", "HF one-at-a-time",
@@ -310,10 +315,14 @@ def test_cpu_dry_run_exercises_every_section_at_tiny_sizes(tmp_path):
     breakdowns = {r["engine"]: r["breakdown"] for r in by["decode"]["rows"] if "breakdown" in r}
     assert list(breakdowns) == ["minillm eager, triton attention",
                                 "minillm CUDA graph, triton attention", w4[0]["engine"],
-                                w4[1]["engine"]]
+                                w4[1]["engine"],
+                                "minillm CUDA graph, triton attention, GEMV glue off",
+                                w4[2]["engine"]]
     assert [list(b) for b in breakdowns.values()] == [
         ["eager step, host"], ["graph replay, device"], ["eager step, host"],
-        ["graph replay, device"]]
+        ["graph replay, device"], ["graph replay, device"], ["graph replay, device"]]
+    gemv = by["decode_gemv"]["rows"]
+    assert {(r["product"], r["weight"]) for r in gemv} == {("qkv", "bf16"), ("qkv", "w4")}
     step_row = serving_rows["engine decode step, batch 3"]  # the dry run's largest batch
     assert list(step_row["breakdown"]) == ["graph step, device", "graph step, host",
                                            "eager step, host"]
@@ -359,10 +368,13 @@ def test_the_kernel_grids_cover_what_the_issue_asks(mode):
         section.fn(run)
         return run.rows
 
-    flash, paged, varlen, w4 = (listing(s) for s in gk.SECTIONS)
+    flash, paged, varlen, w4, gemv = (listing(s) for s in gk.SECTIONS)
     if mode == "quick":  # a subset: every kernel, one length bucket of FlashAttention
-        assert flash and paged and varlen and w4 and len(flash) <= 4
+        assert flash and paged and varlen and w4 and gemv and len(flash) <= 4
         return
+    for product in ("qkv", "gate_up", "down"):  # each product the GEMV fuses, both weights
+        for weight in ("bf16", "w4"):
+            assert f"{product} {weight} M=1" in gemv, (product, weight)
     # bf16: both head dims x both GQA shapes x 5 lengths; fp16: each (D, GQA) once
     assert len(flash) == 2 * 2 * 5 + 4
     assert {label.split()[0] for label in flash} == {"bfloat16", "float16"}
@@ -502,7 +514,7 @@ print("imported", len(gpu_check_kernels.SECTIONS + gpu_check_model.SECTIONS), "s
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "imported 8 sections" in res.stdout
+    assert "imported 9 sections" in res.stdout
 
 
 def test_serve_package_names_load_on_first_use():

@@ -7,6 +7,8 @@ attention they are checked against.
 * ``paged_decode_attention`` - one query token per sequence, K/V read through a block table.
 * ``w4a16_linear``           - ``x @ Wᵀ`` with W stored in 4 bits (``minillm.quant.packing``),
   unpacked in registers from 32-bit words: a split-K GEMV for decode, tiles above.
+* ``decode_gemv``            - a few rows times a float or 4-bit weight, with the RMSNorm
+  (and residual add) or SiLU·up before it done in the same kernel: a decode layer's glue.
 * ``tiled``                  - ``naive_attention``, ``online_softmax_update``,
   ``tiled_attention``: the teaching steps and the oracle.
 

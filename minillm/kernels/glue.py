@@ -10,7 +10,9 @@ writes are two more). These kernels do each group in one launch, so a decode lay
     -> add_rms_norm -> gate_up (cuBLAS) -> silu_mul -> down (cuBLAS)
 
 nine kernels (the first add_rms_norm adds the previous layer's MLP output to the residual
-stream: `DecoderLayer.forward_open`). The kernels:
+stream: `DecoderLayer.forward_open`). For a few rows (a decode step) the two norms and
+silu_mul go further, into the products that read them (`decode_gemv.py`): six kernels.
+The kernels:
 
     rms_norm(x, w, eps)                  RMSNorm of each row
     add_rms_norm(x, delta, w, eps)       (x + delta, RMSNorm(x + delta)): the residual add too

@@ -30,6 +30,11 @@ interpreter). On CUDA they cut a decode layer from ~22 kernels to ~10, which is 
 CUDA-graph decode step pays for (see that module). Anywhere else the reference runs.
 `benchmarks/glue.py` times eager ops, the C++ and `torch.compile` at 1 to 512 rows.
 
+Where the Triton glue runs, a few rows (a decode step) go one step further: the glue that
+only feeds a weight product runs inside that product's kernel (`norm_linear`,
+`silu_mul_linear`; `minillm.kernels.decode_gemv`), for a plain `Linear` or a 4-bit
+`QuantLinear` (their `gemv_weight`). A decode layer on CUDA is then six kernels, not nine.
+
 RoPE can also store the layer's new K/V: an attention context that owns a cache hands the
 layer a `KVWrite` (`ctx.kv_write(layer)`: the cache viewed as rows [num_slots, Hkv, D] and
 each token's row, its slot); `rope_(..., kv_write)` then rotates q|k and stores k and v in
@@ -193,3 +198,60 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+# ---------------------------------------------------------------- the glue inside the GEMV
+
+# MINILLM_FUSED_GEMV=0 keeps the decode GEMV out (the GPU check's A/B): the glue kernels
+# above and the weight products as separate kernels.
+FUSED_GEMV = os.environ.get("MINILLM_FUSED_GEMV", "1") != "0"
+
+
+def _decode_gemv():
+    from ..kernels import decode_gemv  # imports triton: only once a Triton path is taken
+    return decode_gemv
+
+
+def gemv_weight(linear, x: torch.Tensor):
+    """What the decode GEMV (`minillm.kernels.decode_gemv`) reads for `linear` applied to
+    x's rows, or None where it must not replace `linear(x)`: no Triton glue here, more
+    rows than a GEMV serves (a prefill), a module whose own forward must run (a subclass, a
+    hook that would miss its call), or a weight of another dtype or device."""
+    if not (FUSED_GEMV and triton_applies(x) and x.stride(-1) == 1):
+        return None
+    if x.numel() > _decode_gemv().MAX_ROWS * x.shape[-1]:
+        return None
+    if (linear._forward_hooks or linear._forward_pre_hooks
+            or torch.nn.modules.module._global_forward_hooks
+            or torch.nn.modules.module._global_forward_pre_hooks):
+        return None
+    get = getattr(linear, "gemv_weight", None)
+    w = get() if get is not None else None
+    if isinstance(w, torch.Tensor) and (w.dtype != x.dtype or w.device != x.device):
+        return None
+    return w
+
+
+def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor,
+                eps: float, linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, linear(rms_norm(s))) with s = x + delta (x when delta is None): a layer's norm
+    and the weight product that reads it. One kernel where the decode GEMV applies; the
+    norm's glue and `linear` otherwise."""
+    w = gemv_weight(linear, x)
+    if (w is not None and norm_weight.dtype == x.dtype and norm_weight.is_contiguous()
+            and (delta is None or (delta.shape == x.shape and delta.dtype == x.dtype
+                                   and delta.stride(-1) == 1))):
+        return _decode_gemv().norm_linear(x, delta, norm_weight, eps, w)
+    if delta is None:
+        return x, linear(rms_norm(x, norm_weight, eps))
+    x, h = add_rms_norm(x, delta, norm_weight, eps)
+    return x, linear(h)
+
+
+def silu_mul_linear(gate_up: torch.Tensor, linear) -> torch.Tensor:
+    """linear(silu(gate) * up): SwiGLU's glue and the down projection, one kernel where the
+    decode GEMV applies."""
+    w = gemv_weight(linear, gate_up)
+    if w is not None and gate_up.shape[-1] % 2 == 0:
+        return _decode_gemv().silu_mul_linear(gate_up, w)
+    return linear(silu_mul(gate_up))

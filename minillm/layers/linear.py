@@ -56,6 +56,12 @@ class Linear(nn.Module):
             return cpu_linear.linear(x, self.weight, kernel)
         return F.linear(x, self.weight)
 
+    def gemv_weight(self):
+        """The weight as the decode GEMV reads it (`minillm.layers.fused.norm_linear`), or
+        None: a subclass with a forward of its own (a sharded or counting Linear) must be
+        called, not bypassed."""
+        return self.weight if type(self) is Linear else None
+
     def use_matvec_layout(self) -> None:
         """Store the weight in the layout that decoding reads fastest on this machine. Same
         values, same [out, in] shape (a transposed view where needed), same `F.linear`.

@@ -74,14 +74,28 @@ class QuantLinear(Linear):
                                             self.group_size, self.bits, variant)
         if x.is_cuda and storage_bits(self.bits) == 4:
             from ..kernels.w4a16 import w4a16_linear
-            zeros = None if self.sym and self.bits == 4 else self.zeros  # sym: every zero is 8
-            return w4a16_linear(x, self.qweight, self.scales, zeros, self.group_size)
+            return w4a16_linear(x, self.qweight, self.scales, self._kernel_zeros(),
+                                self.group_size)
         if (x.device.type == "cpu" and self.qweight.device.type == "cpu"
                 and not torch.compiler.is_compiling()  # Inductor fuses the reference's ops
                 and cpu_kernels.load_kernel() is not None):
             w = cpu_kernels.dequantize(self.qweight, self.scales, self.zeros, self.bits)
             return F.linear(x, w.to(x.dtype))
         return self.reference_forward(x)
+
+    def gemv_weight(self):
+        """A 4-bit weight as the decode GEMV reads it (`kernels.decode_gemv.Int4Weight`; a
+        symmetric one without zeros), so the glue before the product runs inside it on
+        CUDA; None for other widths (their own paths run)."""
+        if storage_bits(self.bits) != 4 or type(self) is not QuantLinear:
+            return None
+        from ..kernels.decode_gemv import int4_weight
+        return int4_weight(self.qweight, self.scales, self._kernel_zeros(), self.group_size)
+
+    def _kernel_zeros(self) -> torch.Tensor | None:
+        """The zeros the Triton kernels read: None for a symmetric 4-bit weight (every zero
+        point is 8, so they read none)."""
+        return None if self.sym and self.bits == 4 else self.zeros
 
     def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
         """Dequantize, then `F.linear`: the plain path."""

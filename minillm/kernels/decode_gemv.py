@@ -1,0 +1,314 @@
+"""The decode GEMV: a few rows times a weight matrix, with the glue before it done in its prologue.
+
+Why: replayed as a CUDA graph, a SmolLM2 decode step is a chain of ~280 small kernels, nine
+per layer (`glue.py`), and on an H100 each costs ~1.5 µs of launch and drain on top of its
+work, about as much as the work itself. Three of the nine exist only to feed a weight
+product: the input norm (with the residual add) before q|k|v, the post-attention norm (with
+its add) before gate|up, and SiLU·up before down. A GEMV can do that glue itself while it
+loads its input row, so a decode layer becomes six kernels:
+
+    norm_linear(qkv) -> rope_kv -> attention -> o_proj -> norm_linear(gate_up)
+    -> silu_mul_linear(down)
+
+    linear(x, w)                         y = x Wᵀ
+    norm_linear(x, delta, nw, eps, w)    (s, y): s = x + delta (or x), y = RMSNorm(s) Wᵀ
+    silu_mul_linear(gate_up, w)          y = (silu(gate) * up) Wᵀ
+
+W is a float matrix [N, K] of x's dtype, or an `Int4Weight`: the packed 4-bit layout of
+`minillm.quant.packing` (uint8 [N, K / 2], fp32 scales and zeros [N, K / g]; zeros None for
+a symmetric weight, every zero 8), read as int32 words and unpacked in registers (the
+2^23 trick of `w4a16._unpack`). So a w4 model gets the same six kernels, reading a quarter
+of the bytes.
+
+One program computes BLOCK_N outputs of one row (grid: N / BLOCK_N x M). The prologue with
+a norm first walks the row once for its sum of squares (the row is K values, 1-2 KiB: it
+stays in L1 / L2 for the second walk), then the main loop recomputes the normalized input
+chunk by chunk while it streams its BLOCK_N rows of W, and keeps a [BLOCK_N, BLOCK_K] fp32
+accumulator summed once at the end. The programs of row 0's first tile also store s (the
+residual stream the next layer adds to); every program computes the same s.
+
+Invariants:
+- The input is rounded to the model dtype exactly where the unfused path rounds it (the sum
+  x + delta; the normalized row before the norm weight; that product; silu(gate) before
+  `* up`; the product): the GEMV reads the same bf16 values the unfused path hands to
+  cuBLAS, then multiplies in fp32. Int4: `(u − z) · s` in fp32 (exact u − z, one rounding),
+  times the input, in fp32, as the W4A16 GEMV does.
+- No tl.dot (every product is an FMA): any BLOCK size is valid, fp32 stays fp32 on a GPU.
+- A row's result depends on that row only, and the tiles depend on N, K and the weight's
+  kind, never on M: a padded CUDA-graph batch gives a sequence the bits of a batch of one.
+- No value of a CUDA tensor is read on the host and nothing is allocated but the outputs:
+  safe inside a CUDA-graph capture.
+- Int4: BLOCK_K divides the group size (one scale per row per step) and is a multiple of 8
+  (whole words); K is a multiple of it.
+
+Where it runs (`minillm.layers.fused.norm_linear` / `silu_mul_linear`): wherever the Triton
+glue runs (CUDA, eager or in a graph; not inside torch.compile), for at most MAX_ROWS rows,
+and for a weight that is a plain `Linear`'s or a 4-bit `QuantLinear`'s with no hooks.
+`MINILLM_FUSED_GEMV=0` switches it off (the A/B of the GPU check). The tiles are chosen
+from the shape (`_tiles`), not measured yet: the GPU check times this path against cuBLAS +
+glue in the same run.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import _check_device_dtype
+from ._grid import cdiv, next_power_of_2
+from .interpreter import interpreter_enabled
+from .w4a16 import FP32_2P23, _as_words, _block_k, _check_args, _unpack
+
+__all__ = ["Int4Weight", "int4_weight", "linear", "norm_linear", "silu_mul_linear", "MAX_ROWS"]
+
+MAX_ROWS = 4  # from here the unfused path (cuBLAS, w4a16's tiles): W re-read per row
+MAX_DENSE_BLOCK_K = 1024  # columns per step of a float weight (`_dense_block_k`)
+TILE_ELEMENTS = 8192  # weights per program per step at most (`_tiles`)
+INT4_UNROLL = 8  # 4-bit chunks (one group, <= 64 columns, each) per step: 512 columns
+INTERPRETER_BLOCK_N = 256  # rows a program on the CPU interpreter
+_NONE, _NORM, _SILU = 0, 1, 2  # the prologue
+
+
+class Int4Weight(NamedTuple):
+    """A 4-bit weight in `minillm.quant.packing`'s layout (see the module)."""
+    qweight: torch.Tensor           # uint8 [N, K / 2]
+    scales: torch.Tensor            # fp32 [N, K / group_size]
+    zeros: torch.Tensor | None      # fp32 like scales; None: symmetric (every zero 8)
+    group_size: int
+
+
+def int4_weight(qweight, scales, zeros, group_size: int) -> Int4Weight | None:
+    """The Int4Weight of a packed 4-bit weight, or None for a layout the kernel does not read
+    (a group size with no power-of-two divisor >= 16, rows that are not whole int32 words)."""
+    if _block_k(group_size) is None or _as_words(qweight) is None:
+        return None
+    return Int4Weight(qweight, scales, zeros, group_size)
+
+
+@triton.jit
+def _input_chunk(X, Delta, NormW, row_x, row_d, cols, mask, inv, inter,
+                 PROLOGUE: tl.constexpr, HAS_DELTA: tl.constexpr):
+    """The GEMV's input at columns `cols` (fp32), rounded as the unfused glue rounds it."""
+    dtype = X.dtype.element_ty
+    if PROLOGUE == 2:  # silu(gate) * up, gate | up side by side in X's row
+        g = tl.load(X + row_x + cols, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(X + row_x + inter + cols, mask=mask, other=0.0).to(tl.float32)
+        sg = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+        return (sg * u).to(dtype).to(tl.float32)
+    x = tl.load(X + row_x + cols, mask=mask, other=0.0)
+    if HAS_DELTA:
+        d = tl.load(Delta + row_d + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + d.to(tl.float32)).to(dtype)
+    if PROLOGUE == 1:  # RMSNorm: the normalized value rounded, then times the weight, rounded
+        n = (x.to(tl.float32) * inv).to(dtype).to(tl.float32)
+        w = tl.load(NormW + cols, mask=mask, other=0.0).to(tl.float32)
+        return (n * w).to(dtype).to(tl.float32)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _decode_gemv_kernel(X, Delta, NormW, Sum, W, Scales, Zeros, Y,
+                        N, K, eps, group_size,
+                        stride_xm, stride_dm, stride_sm, stride_wn, stride_wk,
+                        stride_sn, stride_zn, stride_ym,
+                        PROLOGUE: tl.constexpr, HAS_DELTA: tl.constexpr, INT4: tl.constexpr,
+                        HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+                        NORM_BLOCK: tl.constexpr):
+    pid_n = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    n_offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n_offs < N
+    n64 = n_offs.to(tl.int64)
+    k_offs = tl.arange(0, BLOCK_K)
+    row_x, row_d = row * stride_xm, row * stride_dm
+
+    inv = 1.0
+    if PROLOGUE == 1:  # the first walk: the sum of squares of s = x + delta (rounded)
+        ssq = tl.zeros([NORM_BLOCK], dtype=tl.float32)
+        for k0 in range(0, K, NORM_BLOCK):  # one step up to K = NORM_BLOCK (SmolLM2: 576)
+            cols = k0 + tl.arange(0, NORM_BLOCK)
+            mask = cols < K
+            x = tl.load(X + row_x + cols, mask=mask, other=0.0)
+            if HAS_DELTA:
+                d = tl.load(Delta + row_d + cols, mask=mask, other=0.0)
+                x = (x.to(tl.float32) + d.to(tl.float32)).to(X.dtype.element_ty)
+                if pid_n == 0:  # every program computes the same s: the first tile keeps it
+                    tl.store(Sum + row * stride_sm + cols, x, mask=mask)
+            xf = x.to(tl.float32)
+            ssq += xf * xf
+        inv = tl.rsqrt(tl.sum(ssq, axis=0) / K + eps)
+
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    # The input chunk is computed as a [BLOCK_N, BLOCK_K] tile whose rows are all alike: the
+    # same shape and contiguity as the weight tile, so it gets the weight's layout and needs
+    # no conversion through shared memory (two barriers) each step; the repeated loads hit
+    # L1. (As a [BLOCK_K] vector it would get a layout of its own: sm_90 PTX, 2026-11-27.)
+    rows_alike = tl.zeros([BLOCK_N, 1], dtype=tl.int32)
+    if INT4:
+        # BLOCK_K / 8 words a row a chunk, inside one group: one scale (and zero) a row.
+        # UNROLL chunks a step, unrolled: their loads are independent, so all of a step's
+        # are in flight at once (a short group would otherwise make K / g steps, each
+        # waiting for its own loads).
+        w_base = W + n64[:, None] * stride_wn + tl.arange(0, BLOCK_K // 8)[None, :]
+        for k0 in range(0, K, BLOCK_K * UNROLL):
+            for j in tl.static_range(UNROLL):
+                kj = k0 + j * BLOCK_K
+                inside = kj < K  # a chunk past K reads nothing and adds 0 (s = 0)
+                words = tl.load(w_base + kj // 8, mask=n_mask[:, None] & inside, other=0)
+                s, z = _group_scale_zero(Scales, Zeros, n64, n_mask & inside, stride_sn,
+                                         stride_zn, kj // group_size, HAS_ZEROS)
+                cols = kj + k_offs[None, :] + rows_alike
+                h = _input_chunk(X, Delta, NormW, row_x, row_d, cols, cols < K, inv, K,
+                                 PROLOGUE, HAS_DELTA)
+                # _unpack gives 2^23 + u exactly; minus (2^23 + z): the exact u − z
+                acc += ((_unpack(words) - (z + 8388608.0)[:, None]) * s[:, None]) * h
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + k_offs[None, :] + rows_alike
+            mask = cols < K
+            h = _input_chunk(X, Delta, NormW, row_x, row_d, cols, mask, inv, K,
+                             PROLOGUE, HAS_DELTA)
+            w = tl.load(W + n64[:, None] * stride_wn + cols * stride_wk,
+                        mask=n_mask[:, None] & mask, other=0.0)
+            acc += w.to(tl.float32) * h
+    y = tl.sum(acc, axis=1)
+    tl.store(Y + row * stride_ym + n_offs, y.to(Y.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
+def _group_scale_zero(Scales, Zeros, n64, mask, stride_sn, stride_zn, g,
+                      HAS_ZEROS: tl.constexpr):
+    """Group g's scale and zero point of each of the tile's rows ([BLOCK_N] fp32; a symmetric
+    weight's zero is 8)."""
+    s = tl.load(Scales + n64 * stride_sn + g, mask=mask, other=0.0)
+    if HAS_ZEROS:
+        z = tl.load(Zeros + n64 * stride_zn + g, mask=mask, other=0.0)
+    else:
+        z = tl.full(s.shape, 8.0, dtype=tl.float32)
+    return s, z
+
+
+def _dense_block_k(k: int) -> int:
+    """A float weight's columns per step: all of K up to 1024 (SmolLM2's 576 in one step, so
+    every load of the program is in flight at once), else 1024 a step."""
+    return min(MAX_DENSE_BLOCK_K, max(16, next_power_of_2(k)))
+
+
+def _tiles(n: int, block_k: int, int4: bool) -> tuple[int, int]:
+    """(BLOCK_N, warps) from the shape, not measured. A float weight: ~1-2 programs per SM
+    of a 132-SM GPU for SmolLM2's widths (N 576 -> 4 rows a program, 960 -> 4, 3072 -> 8
+    with 1024-wide steps), at most TILE_ELEMENTS weights a step (32 a thread at 8 warps:
+    registers), and warps for ~16 of them a thread. A 4-bit weight: 4 rows, one warp (more
+    warps put two layout conversions through shared memory in every chunk, 32 barriers a
+    step in the sm_90 PTX; one warp needs none), so 4-8 programs per SM. The interpreter
+    runs one program at a time in numpy: there, few wide ones (the results do not depend
+    on it)."""
+    if interpreter_enabled():
+        return min(INTERPRETER_BLOCK_N, max(4, next_power_of_2(n))), 4
+    if int4:
+        return 4, 1
+    block_n = max(4, min(64, next_power_of_2(max(1, n // 128)) // 2,
+                         TILE_ELEMENTS // block_k))
+    warps = max(1, min(8, block_n * block_k // 512))
+    return block_n, warps
+
+
+def _rows(x: torch.Tensor, name: str, width: int) -> torch.Tensor:
+    """x [..., width] as [M, width] with a contiguous last dimension (no copy)."""
+    if x.dim() < 1 or x.shape[-1] != width:
+        raise ValueError(f"{name} must be [..., {width}], got {tuple(x.shape)}")
+    if x.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dimension, got strides "
+                         f"{x.stride()}: pass {name}.contiguous()")
+    return x.reshape(-1, width)
+
+
+def _weight_args(weight, x: torch.Tensor):
+    """(N, group size, kernel arguments, INT4, HAS_ZEROS, BLOCK_K) after checking the weight
+    against x [M, K] (the GEMV's input: for silu_mul_linear, the gate half)."""
+    if isinstance(weight, Int4Weight):
+        n, _, _ = _check_args(x, weight.qweight, weight.scales, weight.zeros, weight.group_size)
+        words, block_k = _as_words(weight.qweight), _block_k(weight.group_size)
+        if words is None or block_k is None:
+            raise ValueError(f"this 4-bit layout (group size {weight.group_size}, qweight "
+                             f"strides {weight.qweight.stride()}) is not one the decode GEMV "
+                             "reads: the group size needs a power-of-two divisor >= 16 and "
+                             "qweight whole int32 words a row; use QuantLinear's own path")
+        qw32, z = words[0], weight.scales if weight.zeros is None else weight.zeros
+        return (n, weight.group_size, (qw32, weight.scales, z, qw32.stride(0), 1,
+                                       weight.scales.stride(0), z.stride(0)),
+                True, weight.zeros is not None, block_k)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"weight must be a 2-d float tensor [N, K] or an Int4Weight, got "
+                         f"{type(weight).__name__} {tuple(getattr(weight, 'shape', ()))}")
+    _check_device_dtype({"x": x, "weight": weight})
+    if weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"the GEMV's input has K = {x.shape[-1]} columns but weight is "
+                         f"[N, K] = {tuple(weight.shape)}")
+    return (weight.shape[0], 1, (weight, weight, weight, weight.stride(0), weight.stride(1),
+                                 0, 0), False, False, _dense_block_k(weight.shape[1]))
+
+
+def _launch(x2, delta2, norm_weight, eps, weight, prologue, k):
+    """y [M, N] (and s, x2 + delta2, when delta2 is given) for x2's rows: one kernel. k: the
+    GEMV's input width (x2's, or half of it for SiLU·up)."""
+    n, group_size, (w, scales, zeros, swn, swk, ssn, szn), int4, has_zeros, block_k = \
+        _weight_args(weight, x2[:, :k])
+    m = x2.shape[0]
+    y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+    s = torch.empty_like(x2) if delta2 is not None else x2
+    if m == 0 or n == 0:
+        return s, y
+    d = delta2 if delta2 is not None else x2
+    nw = norm_weight if norm_weight is not None else x2
+    block_n, warps = _tiles(n, block_k, int4)
+    _decode_gemv_kernel[(cdiv(n, block_n), m)](
+        x2, d, nw, s, w, scales, zeros, y, n, k, float(eps), group_size,
+        x2.stride(0), d.stride(0), s.stride(0), swn, swk, ssn, szn, y.stride(0),
+        PROLOGUE=prologue, HAS_DELTA=delta2 is not None, INT4=int4, HAS_ZEROS=has_zeros,
+        BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=min(INT4_UNROLL, cdiv(k, block_k)) if int4 else 1,
+        NORM_BLOCK=_dense_block_k(k) if prologue == _NORM else 16, num_warps=warps)
+    return s, y
+
+
+def linear(x: torch.Tensor, weight) -> torch.Tensor:
+    """x [..., K] Wᵀ -> [..., N] (W float [N, K] of x's dtype, or an Int4Weight)."""
+    k = x.shape[-1] if x.dim() else 0
+    x2 = _rows(x, "x", k)
+    _, y = _launch(x2, None, None, 0.0, weight, _NONE, k)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor,
+                eps: float, weight) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, RMSNorm(s) Wᵀ) with s = x + delta (delta None: s = x), in one kernel. x, delta
+    [..., K] of one dtype; norm_weight [K] of that dtype."""
+    k = x.shape[-1] if x.dim() else 0
+    x2 = _rows(x, "x", k)
+    delta2 = None
+    if delta is not None:
+        if delta.shape != x.shape or delta.dtype != x.dtype or delta.device != x.device:
+            raise ValueError(f"delta must match x: {tuple(x.shape)} {x.dtype} on {x.device}, "
+                             f"got {tuple(delta.shape)} {delta.dtype} on {delta.device}")
+        delta2 = _rows(delta, "delta", k)
+    if (not isinstance(norm_weight, torch.Tensor) or norm_weight.shape != (k,)
+            or norm_weight.dtype != x.dtype or norm_weight.device != x.device
+            or norm_weight.stride(0) != 1):
+        raise ValueError(f"norm_weight must be a contiguous [{k}] {x.dtype} tensor on {x.device} "
+                         f"like x, got {getattr(norm_weight, 'shape', norm_weight)!r}")
+    s, y = _launch(x2, delta2, norm_weight, eps, weight, _NORM, k)
+    lead = x.shape[:-1]
+    return s.reshape(*lead, k), y.reshape(*lead, y.shape[-1])
+
+
+def silu_mul_linear(gate_up: torch.Tensor, weight) -> torch.Tensor:
+    """(silu(gate) * up) Wᵀ for gate_up [..., 2I] = [gate | up]; W reads K = I columns."""
+    width = gate_up.shape[-1] if gate_up.dim() else 0
+    if width % 2:
+        raise ValueError(f"gate_up's last dimension must be even (gate | up), got {width}")
+    x2 = _rows(gate_up, "gate_up", width)
+    _, y = _launch(x2, None, None, 0.0, weight, _SILU, width // 2)
+    return y.reshape(*gate_up.shape[:-1], y.shape[-1])
