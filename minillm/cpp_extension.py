@@ -85,7 +85,8 @@ _SETTINGS = {"1": "auto", "auto": "auto", "0": "blas", "blas": "blas", "default"
 # So it reads the raw value from the dict that os.environ.get itself reads
 # (`os.environ._data`, under the key `encodekey` makes: every write through os.environ,
 # monkeypatch.setenv and mock.patch.dict included, lands there before it returns) and parses
-# each distinct raw value once: 64 ns a call. Invariant: `_parsed[raw]` is a pure function of
+# each distinct raw value once: 64 ns a call (`python -m timeit -s "from minillm import
+# cpp_extension as c" "c.setting()"`). Invariant: `_parsed[raw]` is a pure function of
 # `raw`, so no change of the variable can be missed (tests/test_cpu_select.py). A Python
 # whose os.environ lacks `_data` takes os.environ.get (same result, slower).
 _ENV_KEY = getattr(os.environ, "encodekey", os.fsencode)(ENV)
