@@ -79,16 +79,45 @@ _SETTINGS = {"1": "auto", "auto": "auto", "0": "blas", "blas": "blas", "default"
              **{isa: isa for isa in ISAS}}
 
 
+# `setting` is asked ~270 times per eager CPU decode step (each C++ kernel call and each
+# remembered per-shape choice, `cpu_select.memoized`), so it must cost little. Measured (AMD
+# EPYC, Python 3.11): os.environ.get took 186 ns of setting()'s 282 ns, the parsing the rest.
+# So it reads the raw value from the dict that os.environ.get itself reads
+# (`os.environ._data`, under the key `encodekey` makes: every write through os.environ,
+# monkeypatch.setenv and mock.patch.dict included, lands there before it returns) and parses
+# each distinct raw value once: 64 ns a call (`python -m timeit -s "from minillm import
+# cpp_extension as c" "c.setting()"`). Invariant: `_parsed[raw]` is a pure function of
+# `raw`, so no change of the variable can be missed (tests/test_cpu_select.py). A Python
+# whose os.environ lacks `_data` takes os.environ.get (same result, slower).
+_ENV_KEY = getattr(os.environ, "encodekey", os.fsencode)(ENV)
+_parsed: dict[str | bytes | None, str] = {}  # raw value (None: unset) -> setting; valid only
+
+
+def _raw_setting() -> str | bytes | None:
+    """MINILLM_CPU_KERNEL as os.environ stores it (bytes on POSIX), None when unset."""
+    try:
+        return os.environ._data.get(_ENV_KEY)
+    except AttributeError:
+        return os.environ.get(ENV)
+
+
 def setting() -> str:
     """MINILLM_CPU_KERNEL, normalized: "auto", "blas", "default" or an ISA of `ISAS`.
     Raises ValueError on any other value, naming the ones allowed."""
-    text = os.environ.get(ENV, "1").strip().lower() or "1"
+    raw = _raw_setting()
+    try:
+        return _parsed[raw]
+    except KeyError:
+        pass
+    # os.fsdecode is how os.environ decodes a POSIX value (a str passes through unchanged).
+    text = ("1" if raw is None else os.fsdecode(raw)).strip().lower() or "1"
     if text not in _SETTINGS:
         raise ValueError(f"{ENV}={text!r} is not a setting: use 1 (measure and choose per "
                          f"shape, the default), 0 or blas (PyTorch/BLAS only), default (each "
                          f"kernel's default build, not measured) or one of {', '.join(ISAS)} "
                          f"(force that build)")
-    return _SETTINGS[text]
+    _parsed[raw] = _SETTINGS[text]  # a bad value is not remembered: it raises every time
+    return _parsed[raw]
 
 
 def enabled() -> bool:

@@ -379,7 +379,7 @@ def _measure_and_cache(setting: str, group_list: list[Group], key: dict, path: P
 
 
 _current: dict[str, Selection] = {}
-# (choose, MINILLM_CPU_KERNEL as set, its arguments) -> what choose returned: the kernel
+# (choose, MINILLM_CPU_KERNEL's setting, its arguments) -> what choose returned: the kernel
 # modules ask per product (a decode step makes 121), so each shape is decided once.
 _chosen: dict = {}
 
@@ -407,7 +407,7 @@ def memoized(choose: Callable, *args):
     called afresh (its arguments may be symbolic; the module prepared its kernels first)."""
     if torch.compiler.is_compiling():
         return choose(*args)
-    key = (choose, os.environ.get(cpp_extension.ENV)) + args
+    key = (choose, cpp_extension.setting()) + args  # a bad setting raises, as choose would
     result = _chosen.get(key, _chosen)
     if result is _chosen:
         result = _chosen[key] = choose(*args)

@@ -7,6 +7,8 @@ info` prints the selection. Nothing here times anything: the timer is a fake.
 from __future__ import annotations
 
 import json
+import os
+from unittest import mock
 
 import pytest
 import torch
@@ -141,6 +143,57 @@ def test_a_bad_setting_names_the_allowed_ones(monkeypatch):
     monkeypatch.setenv("MINILLM_CPU_KERNEL", "fast")
     with pytest.raises(ValueError, match="'fast' is not a setting: use 1 .* avx512bf16"):
         cpp_extension.setting()
+
+
+def plain_setting() -> str:
+    """The reference: MINILLM_CPU_KERNEL read and parsed afresh, nothing remembered."""
+    text = os.environ.get(cpp_extension.ENV, "1").strip().lower() or "1"
+    if text not in cpp_extension._SETTINGS:
+        raise ValueError(text)
+    return cpp_extension._SETTINGS[text]
+
+
+def test_the_setting_follows_every_change_of_the_variable(monkeypatch):
+    # `setting` remembers each raw value it parsed: every change, however it is made, must
+    # still be seen on the next call (the same value twice, then another, then back).
+    values = ["default", "0", "default", " AVX2 ", "blas", "", "1", "auto", "default"]
+    for i, value in enumerate(values):
+        if i % 3 == 0:
+            monkeypatch.setenv(cpp_extension.ENV, value)
+        elif i % 3 == 1:
+            os.environ[cpp_extension.ENV] = value  # monkeypatch restores it at the end
+        else:
+            with mock.patch.dict(os.environ, {cpp_extension.ENV: value}):
+                assert cpp_extension.setting() == plain_setting(), value
+            assert cpp_extension.setting() == plain_setting(), f"after {value!r}"
+        assert cpp_extension.setting() == plain_setting(), value
+        assert cpp_extension.enabled() == (plain_setting() != "blas"), value
+    monkeypatch.delenv(cpp_extension.ENV)
+    assert cpp_extension.setting() == "auto"
+    monkeypatch.setenv(cpp_extension.ENV, "fast")  # a bad value raises every time
+    for _ in range(2):
+        with pytest.raises(ValueError, match="'fast' is not a setting"):
+            cpp_extension.setting()
+
+
+def test_the_setting_is_read_without_os_environs_backing_dict(monkeypatch):
+    # Where os.environ has no `_data` (another Python), `setting` reads os.environ.get.
+    monkeypatch.setattr(os, "environ", {cpp_extension.ENV: "0"})
+    assert cpp_extension.setting() == "blas"
+    os.environ[cpp_extension.ENV] = "Default"
+    assert cpp_extension.setting() == "default"
+    del os.environ[cpp_extension.ENV]
+    assert cpp_extension.setting() == "auto"
+
+
+def test_a_remembered_choice_follows_the_setting(monkeypatch):
+    lin, x = linear_and_x(1)
+    monkeypatch.setenv("MINILLM_CPU_KERNEL", "default")
+    assert cpu_linear.kernel_for(x, lin.weight).isa == cpu_linear.default_variant()
+    monkeypatch.setenv("MINILLM_CPU_KERNEL", "0")
+    assert cpu_linear.kernel_for(x, lin.weight) is None
+    monkeypatch.setenv("MINILLM_CPU_KERNEL", "default")
+    assert cpu_linear.kernel_for(x, lin.weight).isa == cpu_linear.default_variant()
 
 
 # ---------------------------------------------------------------------------- forcing

@@ -62,3 +62,48 @@ def test_smollm2_greedy_32_tokens_triton_equals_torch(smollm):
     finally:
         model.set_attn_backend("torch")
     assert len(reference) == 32
+
+
+def test_decode_tables_are_made_once_per_step_and_follow_the_length():
+    # dense at T == 1 keeps the block table and lengths it hands the paged kernel for the
+    # last (B, S): the layers of one step share them, the next step's S gets its own.
+    from minillm.attention.backends import TorchBackend, TritonBackend
+    from minillm.kernels import paged_decode_attention
+    backend, g = TritonBackend(), torch.Generator().manual_seed(0)
+    B, Hq, Hkv, D = 2, 6, 2, 16
+
+    def step(S):
+        q = torch.randn(B, Hq, 1, D, generator=g).to(DEVICE)
+        k, v = (torch.randn(B, Hkv, S, D, generator=g).to(DEVICE) for _ in range(2))
+        out = backend.dense(q, k, v)
+        # The uncached reference: tables made afresh, as dense made them before.
+        fresh = paged_decode_attention(
+            q[:, :, 0], k.transpose(1, 2), v.transpose(1, 2),
+            torch.arange(B, dtype=torch.int32, device=DEVICE)[:, None],
+            torch.full((B,), S, dtype=torch.int32, device=DEVICE))[:, :, None]
+        assert torch.equal(out, fresh)
+        torch.testing.assert_close(out, TorchBackend().dense(q, k, v), atol=2e-5, rtol=2e-5)
+        return backend._last_tables
+
+    first = step(20)
+    again = step(20)  # same shapes: the same tensors
+    assert again[1] is first[1] and again[2] is first[2]
+    for S in (33, 20, 1):  # another length: its own lengths, the kernel's outputs checked
+        key, tables, lens = step(S)
+        assert key == (B, S, torch.device(DEVICE))
+        assert tables.tolist() == [[0], [1]] and lens.tolist() == [S, S]  # never written
+
+
+def test_decode_tables_under_torch_compile_are_made_afresh():
+    # A trace neither reads nor keeps them: S may be symbolic, and a kept tensor would
+    # specialize the graph on one length.
+    from minillm.attention.backends import TritonBackend
+    backend = TritonBackend()
+    backend._decode_tables(2, 7, torch.device("cpu"))
+    kept = backend._last_tables
+    tables = torch.compile(lambda S: backend._decode_tables(2, S, torch.device("cpu")),
+                           backend="eager", fullgraph=True, dynamic=True)
+    for S in (7, 9):
+        block_tables, lens = tables(S)
+        assert block_tables.tolist() == [[0], [1]] and lens.tolist() == [S, S]
+    assert backend._last_tables is kept

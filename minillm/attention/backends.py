@@ -92,6 +92,36 @@ class TritonBackend(TorchBackend):
 
     name = "triton"
     graph_safe = True  # the paged-decode kernel reads lengths and block tables on the device
+    # ((B, S, device), block_tables, context_lens) of the last eager decode step: see
+    # `_decode_tables`. One entry: every layer of a step asks with the same (B, S).
+    _last_tables: tuple | None = None
+
+    def _decode_tables(self, B: int, S: int, device: torch.device):
+        """(block_tables [B, 1] = row b -> block b, context_lens [B] = S), int32: how `dense`
+        hands a contiguous cache of S positions to the paged decode kernel.
+
+        Made once per step, not once per layer (on CUDA that saves 2 tiny kernels per layer,
+        60 per SmolLM2 step): kept for the last (B, S, device) asked. Sound because nothing
+        writes them: `paged_decode_attention` only loads both (its `.to(torch.int32)` is the
+        tensor itself) and they go nowhere else. Neither kept nor reused, but made afresh as
+        before, (1) while torch.compile traces: S may be symbolic (comparing it would
+        specialize the graph) and fresh ops simply become part of the graph; (2) while a
+        CUDA graph is captured: a tensor made inside a capture holds its values only once
+        the graph replays (capture records the fill, it does not run it), so an eager step
+        reusing it before a replay would read garbage; and a kept tensor read by the graph
+        would be freed when the next step replaces it, while the graph still points at it.
+        Made inside the capture, they live in the graph's own memory pool, as before."""
+        fresh = torch.compiler.is_compiling() or (
+            device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+        key = (B, S, device)
+        last = None if fresh else self._last_tables  # `fresh` first: a trace must not compare S
+        if last is not None and last[0] == key:
+            return last[1], last[2]
+        block_tables = torch.arange(B, dtype=torch.int32, device=device)[:, None]
+        context_lens = torch.full((B,), S, dtype=torch.int32, device=device)
+        if not fresh:
+            self._last_tables = (key, block_tables, context_lens)
+        return block_tables, context_lens
 
     def dense(self, q, k, v, causal=True, key_padding_mask=None, sm_scale=None):
         if key_padding_mask is not None:
@@ -102,8 +132,7 @@ class TritonBackend(TorchBackend):
             # One new token per row over a contiguous cache: that cache is a paged cache
             # whose block_size is S and whose row b is block b, so the decode kernel (one
             # program per KV head, not per query tile) serves it.
-            block_tables = torch.arange(B, dtype=torch.int32, device=q.device)[:, None]
-            context_lens = torch.full((B,), S, dtype=torch.int32, device=q.device)
+            block_tables, context_lens = self._decode_tables(B, S, q.device)
             out = paged_decode_attention(q[:, :, 0], k.transpose(1, 2), v.transpose(1, 2),
                                          block_tables, context_lens, sm_scale=sm_scale)
             return out[:, :, None]
