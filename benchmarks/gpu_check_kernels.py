@@ -364,9 +364,11 @@ def check_w4a16(run) -> None:
 # ----------------------------------------------------------------------------- decode GEMV
 
 
-# SmolLM2's three products that the decode GEMV takes with their glue: (name, N, K, prologue)
+# SmolLM2's three products that the decode GEMV takes with their glue: (name, N, K, prologue),
+# and o_proj, which has no glue before it (the model leaves it to cuBLAS / the W4A16
+# kernel): whether the GEMV alone is faster there too.
 GEMV_PRODUCTS = [("qkv", 960, 576, "add+norm"), ("gate_up", 3072, 576, "add+norm"),
-                 ("down", 576, 1536, "silu·up")]
+                 ("down", 576, 1536, "silu·up"), ("o_proj", 576, 576, "none")]
 
 
 def gemv_case(run, name, n, k, prologue, m, weight, dtype) -> dict:
@@ -396,16 +398,21 @@ def gemv_case(run, name, n, k, prologue, m, weight, dtype) -> dict:
         nw = 1 + 0.1 * randn(run, k, dtype=dtype)
         fused = lambda c: dg.norm_linear(x, d, nw, 1e-5, fused_w(c))[1]  # noqa: E731
         unfused = lambda c: product(glue.add_rms_norm(x, d, nw, 1e-5)[1], c)  # noqa: E731
-    else:
+    elif prologue == "silu·up":
         gu = randn(run, m, 2 * k, dtype=dtype)
         fused = lambda c: dg.silu_mul_linear(gu, fused_w(c))  # noqa: E731
         unfused = lambda c: product(glue.silu_mul(gu), c)  # noqa: E731
+    else:
+        x = randn(run, m, k, dtype=dtype)
+        fused = lambda c: dg.linear(x, fused_w(c))  # noqa: E731
+        unfused = lambda c: product(x, c)  # noqa: E731
     out, first_s = first_call(run, lambda: fused(copies[0]))
     ref = unfused(copies[0])
     err = max_err(out, ref) / max(float(ref.abs().max()), 1e-12)
     ms = bench_graph(run, [lambda c=c: fused(c) for c in copies])
     ms_unfused = bench_graph(run, [lambda c=c: unfused(c) for c in copies])
-    return {"product": name, "prologue": prologue, "weight": weight, "N": n, "K": k, "M": m,
+    return {"product": name, "prologue": prologue, "weight": weight,
+            "dtype": str(dtype)[6:], "N": n, "K": k, "M": m,
             "rel_err": err, "us": 1e3 * ms, "unfused_us": 1e3 * ms_unfused,
             "vs_unfused": ms_unfused / ms, "first_s": first_s,
             # the unfused product sums in another order (cuBLAS), and w4's reference rounds
@@ -415,9 +422,10 @@ def gemv_case(run, name, n, k, prologue, m, weight, dtype) -> dict:
 
 def check_decode_gemv(run) -> None:
     dtype = kernel_dtype(run)
-    cases = [(p, 1, wt) for wt in ("bf16", "w4") for p in GEMV_PRODUCTS] + [
-        (GEMV_PRODUCTS[0], 4, "bf16"), (GEMV_PRODUCTS[0], 4, "w4")]
-    for (name, n, k, prologue), m, weight in run.pick(cases, cases[:4:3], cases[:4:3]):
+    cases = [(p, 1, wt) for wt in ("dense", "w4") for p in GEMV_PRODUCTS] + [
+        (GEMV_PRODUCTS[0], 4, "dense"), (GEMV_PRODUCTS[0], 4, "w4")]
+    quick = [cases[0], cases[len(GEMV_PRODUCTS)]]  # qkv, dense and w4
+    for (name, n, k, prologue), m, weight in run.pick(cases, quick, quick):
         if run.dry:  # the interpreter: a small twin of the shape (K a multiple of 64)
             n, k = n // 8, 64 * (k // 576)
         run.case(f"{name} {weight} M={m}",
@@ -425,8 +433,9 @@ def check_decode_gemv(run) -> None:
                  gemv_case(run, name, n, k, prologue, m, weight, dtype))
     run.notes.append("decode GEMV (minillm.kernels.decode_gemv): the glue before a weight "
                      "product done in the product's kernel; us: the fused call, unfused_us: "
-                     "the Triton glue kernel then cuBLAS (bf16) or the W4A16 kernel (w4, g64 "
-                     "asym), both GPU time per call replayed from a CUDA graph over weight "
+                     "the Triton glue kernel then cuBLAS (dense) or the W4A16 kernel (w4, g64 "
+                     "asym; o_proj: no glue, the product alone), both GPU time per call "
+                     "replayed from a CUDA graph over weight "
                      "copies larger than L2; vs_unfused > 1: the fused call is faster; "
                      "rel_err against the unfused result, relative to its max")
 
@@ -440,7 +449,7 @@ def check_decode_gemv(run) -> None:
 #   varlen           40  (22.3 s for the 6 rows up to context 1024, the 3 at 8192 cut: the
 #                         B = 16 and 256 rows cost most, and the 8192 ones are the largest)
 #   w4a16            18  (11.6 s, one call at a time; the graphs add as for paged_decode)
-#   decode_gemv       8  (new since: 8 small calls, 6 compiled programs, each pair from
+#   decode_gemv       8  (new since: 10 small calls, 8 compiled programs, each pair from
 #                         two graphs; not yet run on a GPU)
 SECTIONS = [
     Section("flash_attention", "FlashAttention (causal, GQA) against SDPA and float64",

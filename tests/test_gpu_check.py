@@ -322,7 +322,7 @@ def test_cpu_dry_run_exercises_every_section_at_tiny_sizes(tmp_path):
         ["eager step, host"], ["graph replay, device"], ["eager step, host"],
         ["graph replay, device"], ["graph replay, device"], ["graph replay, device"]]
     gemv = by["decode_gemv"]["rows"]
-    assert {(r["product"], r["weight"]) for r in gemv} == {("qkv", "bf16"), ("qkv", "w4")}
+    assert {(r["product"], r["weight"]) for r in gemv} == {("qkv", "dense"), ("qkv", "w4")}
     step_row = serving_rows["engine decode step, batch 3"]  # the dry run's largest batch
     assert list(step_row["breakdown"]) == ["graph step, device", "graph step, host",
                                            "eager step, host"]
@@ -372,8 +372,8 @@ def test_the_kernel_grids_cover_what_the_issue_asks(mode):
     if mode == "quick":  # a subset: every kernel, one length bucket of FlashAttention
         assert flash and paged and varlen and w4 and gemv and len(flash) <= 4
         return
-    for product in ("qkv", "gate_up", "down"):  # each product the GEMV fuses, both weights
-        for weight in ("bf16", "w4"):
+    for product in ("qkv", "gate_up", "down", "o_proj"):  # each product, both weights
+        for weight in ("dense", "w4"):
             assert f"{product} {weight} M=1" in gemv, (product, weight)
     # bf16: both head dims x both GQA shapes x 5 lengths; fp16: each (D, GQA) once
     assert len(flash) == 2 * 2 * 5 + 4
