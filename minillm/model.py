@@ -265,7 +265,7 @@ class LlamaModel(nn.Module):
         construction; then positions and ctx are required)."""
         if check:
             positions, ctx = self._check_inputs(input_ids, positions, ctx)
-        return self.norm(self._run_layers(input_ids, positions, ctx, num_layers))
+        return self._final_norm(*self._open_layers(input_ids, positions, ctx, num_layers))
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [..., hidden] (rows of `hidden_states`, any leading shape) -> logits [..., V].
@@ -286,23 +286,37 @@ class LlamaModel(nn.Module):
             self.check_positions(positions)
         return positions, NoCacheContext(self.attn_backend) if ctx is None else ctx
 
-    def _run_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx,
-                    num_layers: int | None = None) -> torch.Tensor:
-        """Embedding and the first `num_layers` decoder layers (all by default), before the
-        final norm; no argument checks."""
+    def _open_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx,
+                     num_layers: int | None = None):
+        """Embedding and the first `num_layers` decoder layers (all by default), the last
+        residual add left open: (x, delta) whose sum is the layers' output (delta None when
+        no layer ran); no argument checks."""
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         x, delta = self.embed_tokens(input_ids), None
         for i, layer in enumerate(self.layers[:num_layers]):
             x, delta = layer.forward_open(x, delta, cos, sin, ctx, i)
+        return x, delta
+
+    def _run_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx,
+                    num_layers: int | None = None) -> torch.Tensor:
+        """The layers' output before the final norm (the open add closed)."""
+        x, delta = self._open_layers(input_ids, positions, ctx, num_layers)
         return x if delta is None else x + delta
+
+    def _final_norm(self, x: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+        """The final norm of x + delta: the last residual add in the norm's own pass (one
+        kernel on a GPU), the same bits as `self.norm(x + delta)`."""
+        if delta is None:
+            return self.norm(x)
+        return fused.add_rms_norm(x, delta, self.norm.weight, self.norm.eps)[1]
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx,
             last_only: bool = False) -> torch.Tensor:
         """The forward math with no argument checks: what `compiled_run` compiles."""
-        x = self._run_layers(input_ids, positions, ctx)
+        h = self._final_norm(*self._open_layers(input_ids, positions, ctx))
         if last_only:
-            x = x[:, -1:]  # norm and LM head on the last row only
-        return self.compute_logits(self.norm(x))
+            h = h[:, -1:]  # the LM head on the last row only (the norm is cheap on all)
+        return self.compute_logits(h)
 
     def check_compilable(self) -> None:
         """Raise if torch.compile cannot trace this model's attention backend here."""

@@ -195,9 +195,34 @@ def test_a_decode_step_through_the_gemv_gives_the_unfused_logits(triton_glue, mo
         if on:
             assert calls.count("norm_linear") == 2 * model.config.num_layers
             assert calls.count("silu_mul_linear") == model.config.num_layers
+            assert fused.FUSED_GEMV, "the GEMV failed and switched itself off"
         else:
             assert not calls, "with FUSED_GEMV off the GEMV must not run"
     torch.testing.assert_close(logits[True], logits[False], rtol=1e-4, atol=1e-4)
+
+
+def test_a_gemv_that_fails_is_switched_off_with_a_warning(triton_glue, monkeypatch):
+    """A kernel that does not compile on some stack must cost the step its fusion only: the
+    unfused path's logits, one warning, and the GEMV off for the rest of the process."""
+    model = LlamaModel(ModelConfig.tiny()).init_random_weights(seed=6).eval()
+    model.set_attn_backend("triton")
+    monkeypatch.setattr(fused, "FUSED_GEMV", False)
+    g = decode_graph.get(model, 1, 16)
+    with torch.inference_mode():
+        g.prefill(torch.tensor([[5, 6, 7]]))
+        expected = g.decode(11, 3).clone()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no such instruction on this GPU")
+    monkeypatch.setattr(dg, "norm_linear", broken)
+    monkeypatch.setattr(fused, "FUSED_GEMV", True)
+    model.__dict__.pop("_decode_graphs")
+    g = decode_graph.get(model, 1, 16)
+    with torch.inference_mode(), pytest.warns(RuntimeWarning, match="no such instruction"):
+        g.prefill(torch.tensor([[5, 6, 7]]))
+    assert fused.FUSED_GEMV is False
+    with torch.inference_mode():
+        torch.testing.assert_close(g.decode(11, 3), expected, rtol=0, atol=0)
 
 
 def test_a_hooked_linear_is_not_bypassed(triton_glue, monkeypatch):

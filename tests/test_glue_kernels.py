@@ -326,7 +326,7 @@ def test_a_decode_step_runs_about_six_kernels_per_layer(monkeypatch):
     ~22 kernels to ~9 (add+norm, qkv, rope+store, attention, o_proj, add+norm, gate_up,
     silu_mul, down; the residual add is the next layer's norm), and the decode GEMV to ~6
     (each norm and SiLU·up inside the product that reads it), plus ~10 per step
-    (embedding, RoPE tables, slots, lengths, final add, norm, LM head). The replay's count is
+    (embedding, RoPE tables, slots, lengths, final add + norm, LM head). The replay's count is
     printed (the profiler sees a graph's kernels one by one), not asserted."""
     config = ModelConfig.smollm2_135m()
     model = LlamaModel(config).init_random_weights(seed=0, std=0.02).eval()

@@ -45,6 +45,7 @@ the same pass, and the context's `attend` skips its own write. Where no kernel a
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -241,7 +242,9 @@ def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.
     if (w is not None and norm_weight.dtype == x.dtype and norm_weight.is_contiguous()
             and (delta is None or (delta.shape == x.shape and delta.dtype == x.dtype
                                    and delta.stride(-1) == 1))):
-        return _decode_gemv().norm_linear(x, delta, norm_weight, eps, w)
+        out = _gemv_or_none(lambda: _decode_gemv().norm_linear(x, delta, norm_weight, eps, w))
+        if out is not None:
+            return out
     if delta is None:
         return x, linear(rms_norm(x, norm_weight, eps))
     x, h = add_rms_norm(x, delta, norm_weight, eps)
@@ -253,5 +256,29 @@ def silu_mul_linear(gate_up: torch.Tensor, linear) -> torch.Tensor:
     decode GEMV applies."""
     w = gemv_weight(linear, gate_up)
     if w is not None and gate_up.shape[-1] % 2 == 0:
-        return _decode_gemv().silu_mul_linear(gate_up, w)
+        out = _gemv_or_none(lambda: _decode_gemv().silu_mul_linear(gate_up, w))
+        if out is not None:
+            return out
     return linear(silu_mul(gate_up))
+
+
+def _gemv_or_none(call):
+    """call()'s result, or None once the decode GEMV has failed here: it is switched off for
+    the process (FUSED_GEMV), with one warning naming the error, and the caller runs the
+    unfused path. A kernel that does not compile on some Triton or GPU (it is checked on
+    sm_90 ahead of time, not on every stack) must cost a decode step its fusion, not its
+    result. Inside a CUDA-graph capture the error propagates: a failed launch there has
+    already spoiled the capture (the graphs warm up eagerly first, so the first call of
+    each kernel, and its compile, happen before any capture)."""
+    global FUSED_GEMV
+    try:
+        return call()
+    except Exception as e:  # noqa: BLE001  (any failure: fall back, said once, below)
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise
+        FUSED_GEMV = False
+        warnings.warn(f"the decode GEMV failed ({type(e).__name__}: {str(e)[:300]}); it is "
+                      "switched off for this process (MINILLM_FUSED_GEMV=0 does this from "
+                      "the start): the glue and the weight products run as separate "
+                      "kernels", RuntimeWarning, stacklevel=3)
+        return None
