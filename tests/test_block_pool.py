@@ -153,6 +153,25 @@ def test_fork_shares_blocks_and_copy_on_write_splits_the_partial_block():
     mgr.check_invariants()
 
 
+def test_block_table_versions_change_with_the_table_only():
+    mgr = make()
+    toks = list(range(6))
+    mgr.allocate("a", toks)
+    v = mgr.block_table_version("a")
+    mgr.append_slots("a", toks + [1], 1)          # room in block 1: the table is unchanged
+    assert mgr.block_table_version("a") == v
+    mgr.append_slots("a", toks + [1, 2, 3], 2)     # a new block
+    assert mgr.block_table_version("a") != v
+    mgr.fork("a", "b")
+    versions = {mgr.block_table_version("a"), mgr.block_table_version("b")}
+    mgr.append_slots("b", toks + [1, 2, 3, 4], 1)  # copy-on-write of the shared last block
+    assert len(versions | {mgr.block_table_version("b")}) == 3
+    old = mgr.block_table_version("a")
+    mgr.free("a")
+    mgr.allocate("a", toks)                        # the same id again: another version
+    assert mgr.block_table_version("a") not in versions | {old}
+
+
 def test_fork_at_a_block_boundary_needs_no_copy():
     mgr = make()
     toks = list(range(8))
@@ -293,6 +312,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
         self.tokens: dict[int, list[int]] = {}
         self.computed: dict[int, int] = {}
         self.content: dict[int, tuple[int, ...]] = {}
+        self.tables: dict[int, list[int]] = {}  # block table version -> the table it named
         self.next_id = 0
 
     def _new_id(self) -> int:
@@ -389,6 +409,15 @@ class BlockPoolMachine(RuleBasedStateMachine):
             assert got == [tuple(toks[:p + 1]) for p in range(n)], \
                 f"sequence {sid} reads KV of other tokens or another prefix"
         mgr.check_invariants()
+
+    @invariant()
+    def equal_versions_mean_equal_tables(self):
+        """What the CUDA-graph runner relies on to skip rewriting a row's table: a version
+        names one table for good (a free and a reallocation get a new one)."""
+        for sid in self.tokens:
+            table = self.mgr.get_block_table(sid)
+            assert self.tables.setdefault(self.mgr.block_table_version(sid), table) == table, \
+                f"sequence {sid}'s table changed under the same version"
 
 
 BlockPoolMachine.TestCase.settings = settings(

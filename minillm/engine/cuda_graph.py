@@ -19,7 +19,9 @@ Static buffers. One int32 row per sequence, in a pinned host matrix and its devi
 
 The host fills the first n rows (once the previous copy out of them is done: a
 `CopyFence`); ONE copy moves the first bucket(n) rows to the device, where the captured
-graphs read them. Rows n .. bucket-1 are padding: token 0 at position
+graphs read them. A row's block table is written only when it changed (its
+`block_table_version`: a block appended, a copy-on-write, another sequence in the row),
+about once per block_size steps of a decoding sequence, not every step. Rows n .. bucket-1 are padding: token 0 at position
 0, slot `kv_cache.trash_slot` (its K/V land in a row that no block contains), context_len 1
 over block 0 (a read that stays in bounds), and never sampled. So the block pool and
 every block of the cache end exactly as after the eager step.
@@ -56,8 +58,9 @@ def capture_sizes(max_num_seqs: int, max_capture_size: int) -> list[int]:
 class DecodeGraphs:
     """Padded decode steps, captured per bucket on CUDA (run eagerly on a CPU)."""
 
-    def __init__(self, model, kv_cache: PagedKVCache, config):
+    def __init__(self, model, kv_cache: PagedKVCache, block_manager, config):
         self.model, self.kv_cache, self.path = model, kv_cache, config.decode_path
+        self.block_manager = block_manager
         self.sizes = capture_sizes(config.max_num_seqs, config.max_cudagraph_capture_size)
         self.max_blocks = -(-config.max_model_len // kv_cache.block_size)
         rows, device = self.sizes[-1], model.device
@@ -65,6 +68,9 @@ class DecodeGraphs:
         self.host = torch.zeros((rows, COLUMNS + self.max_blocks), dtype=torch.int32,
                                 pin_memory=cuda)
         self._rows = self.host.numpy()  # the same memory: numpy writes are cheap per element
+        # The block table version (`BlockManager.block_table_version`) each row's table
+        # columns hold, 0 for none: a row's table is rewritten only when it changed.
+        self._row_versions = [0] * rows
         self.dev = self.host.to(device) if cuda else self.host
         self.hidden = torch.empty((rows, model.config.hidden_size), dtype=model.dtype,
                                   device=device)
@@ -78,18 +84,27 @@ class DecodeGraphs:
         """The batch size a step of n decode rows runs at (None: more than any bucket)."""
         return next((b for b in self.sizes if b >= n), None)
 
-    def run(self, seqs: list[tuple[list[int], int, int]], sample_rows: list[int]) -> torch.Tensor:
-        """seqs: (block_table, position, input_id) per decode row, n <= the largest bucket.
-        Returns the final hidden states [S, hidden] of rows `sample_rows`, in that order."""
-        n, bs, rows = len(seqs), self.kv_cache.block_size, self._rows
+    def run(self, seqs: list[tuple[object, int, int]], sample_rows: list[int]) -> torch.Tensor:
+        """seqs: (seq_id, position, input_id) per decode row, n <= the largest bucket; the
+        block manager has each sequence's table. Returns the final hidden states [S, hidden]
+        of rows `sample_rows`, in that order."""
+        n, bs, rows, bm = len(seqs), self.kv_cache.block_size, self._rows, self.block_manager
         b = self.bucket(n)
         self._fence.wait()
-        for i, (table, pos, token) in enumerate(seqs):
-            if len(table) > self.max_blocks:
-                raise ValueError(f"a block table of {len(table)} blocks exceeds the "
-                                 f"{self.max_blocks} that max_model_len allows")
-            rows[i, :4] = (token, pos, table[pos // bs] * bs + pos % bs, pos + 1)
-            rows[i, COLUMNS:COLUMNS + len(table)] = table
+        versions, head = self._row_versions, []
+        for i, (seq_id, pos, token) in enumerate(seqs):
+            v = bm.block_table_version(seq_id)
+            if versions[i] != v:  # a new sequence in this row, or its table changed
+                table = bm.get_block_table(seq_id)
+                if len(table) > self.max_blocks:
+                    raise ValueError(f"a block table of {len(table)} blocks exceeds the "
+                                     f"{self.max_blocks} that max_model_len allows")
+                rows[i, COLUMNS:COLUMNS + len(table)] = table
+                versions[i] = v
+            block = int(rows[i, COLUMNS + pos // bs])  # the table as written: current
+            head.append((token, pos, block * bs + pos % bs, pos + 1))
+        if n:
+            rows[:n, :4] = head
         self._pad(n, b)
         rows[:len(sample_rows), 4] = sample_rows
         if self.dev is not self.host:
@@ -109,6 +124,7 @@ class DecodeGraphs:
         """Rows start..end-1 become padding (see the module doc)."""
         self._rows[start:end, :4] = (0, 0, self.kv_cache.trash_slot, 1)
         self._rows[start:end, COLUMNS] = 0
+        self._row_versions[start:end] = [0] * (end - start)  # their tables are gone
 
     def _forward(self, b: int) -> None:
         """The body a graph captures: the model over the first b rows of the device buffer,

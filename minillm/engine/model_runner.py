@@ -44,7 +44,8 @@ class ModelRunner:
         self.model, self.kv_cache, self.block_manager = model, kv_cache, block_manager
         self.config = config
         self.staging = HostToDevice(model.device)
-        self.graphs = None if config.enforce_eager else DecodeGraphs(model, kv_cache, config)
+        self.graphs = None if config.enforce_eager else DecodeGraphs(model, kv_cache,
+                                                                     block_manager, config)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
@@ -58,8 +59,8 @@ class ModelRunner:
         if (self.graphs is not None and all(s.num_new_tokens == 1 for s in seqs)
                 and self.graphs.bucket(len(seqs)) is not None):
             sampling = [i for i, s in enumerate(seqs) if s.samples]
-            h = self.graphs.run([(self.block_manager.get_block_table(s.request.seq_id),
-                                  s.start, s.request.token_ids(s.start, s.start + 1)[0])
+            h = self.graphs.run([(s.request.seq_id, s.start,
+                                  s.request.token_ids(s.start, s.start + 1)[0])
                                  for s in seqs], sampling)
         else:
             h = self._eager(out)

@@ -6,6 +6,7 @@ token at position p lives in slot block_table[p // block_size] * block_size + p 
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ class _SeqBlocks:
     num_tokens: int  # token slots reserved: positions 0 .. num_tokens-1 have a slot
     # chained hashes of the leading full blocks already offered to the cache
     block_hashes: list[int] = field(default_factory=list)
+    version: int = 0  # see BlockManager.block_table_version
 
 
 class BlockManager:
@@ -43,6 +45,7 @@ class BlockManager:
     def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True):
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching)
         self._seqs: dict[Hashable, _SeqBlocks] = {}
+        self._versions = itertools.count(1)  # block table versions, never reused (0: none)
         self.num_queried_tokens = 0  # prompt tokens looked up in the prefix cache
         self.num_hit_tokens = 0      # ... of which were found (returned as num_cached_tokens)
 
@@ -63,6 +66,14 @@ class BlockManager:
 
     def get_block_table(self, seq_id: Hashable) -> list[int]:
         return list(self._seq(seq_id).block_table)
+
+    def block_table_version(self, seq_id: Hashable) -> int:
+        """A number that changes whenever the sequence's block table does (a block
+        appended, a copy-on-write, a new allocation or fork) and is never given to another
+        table, even of a sequence freed and allocated again under the same id: equal
+        versions mean equal tables. The CUDA-graph runner rewrites a row's table only when
+        its version changed (about once per block_size decode steps)."""
+        return self._seq(seq_id).version
 
     def get_num_tokens(self, seq_id: Hashable) -> int:
         """How many token slots the sequence has reserved."""
@@ -121,7 +132,7 @@ class BlockManager:
         self.pool.touch(hits)  # before get_new_blocks, so no hit gets evicted
         new = self.pool.get_new_blocks(num_needed - len(hits))
         table = [b.block_id for b in hits + new]
-        self._seqs[seq_id] = _SeqBlocks(table, num_slots, hashes)
+        self._seqs[seq_id] = _SeqBlocks(table, num_slots, hashes, next(self._versions))
         self.num_queried_tokens += len(tokens)
         self.num_hit_tokens += len(hits) * bs
         return len(hits) * bs
@@ -161,6 +172,7 @@ class BlockManager:
             needed -= 1
         seq.block_table += [b.block_id for b in self.pool.get_new_blocks(needed)]
         seq.num_tokens += num_new_tokens
+        seq.version = next(self._versions)
         return copies
 
     def cache_blocks(self, seq_id: Hashable, token_ids: Sequence[int],
@@ -198,7 +210,7 @@ class BlockManager:
             raise ValueError(f"cannot fork into {child_id!r}: that sequence already exists")
         self.pool.touch([self.pool.blocks[i] for i in parent.block_table])
         self._seqs[child_id] = _SeqBlocks(list(parent.block_table), parent.num_tokens,
-                                          list(parent.block_hashes))
+                                          list(parent.block_hashes), next(self._versions))
 
     def free(self, seq_id: Hashable, num_computed_tokens: int | None = None) -> None:
         """Release the sequence's blocks, last block first (so its prefix is evicted last).
