@@ -271,6 +271,7 @@ def check_varlen(run) -> None:
 
 
 _W4_WEIGHTS: dict = {}  # (N, K, group, sym) -> packed weight, for one section run
+GEMV_MAX_ROWS = 4  # minillm.kernels.decode_gemv.MAX_ROWS (not imported here: it loads triton)
 
 
 def w4a16_case(run, n, k, m, dtype, group_size=64, sym=False) -> dict:
@@ -315,12 +316,20 @@ def w4a16_case(run, n, k, m, dtype, group_size=64, sym=False) -> dict:
            "vs_dense": ms_dense / ms, "eager_us": 1e3 * ms_eager, "first_s": first_s,
            "config": "interpreter" if not run.cuda or found is None else _config_str(
                found[0].config_for(found[1], run.device))}
+    if m <= GEMV_MAX_ROWS:  # the decode GEMV's int4 path on the same weights: the other candidate
+        from minillm.kernels import decode_gemv as dg
+        int4 = [dg.int4_weight(*w, group_size) for w in packed]
+        if int4[0] is not None:
+            gemv_err = max_err(dg.linear(x, int4[0]), ref) / max(float(ref.abs().max()), 1e-12)
+            ms_gemv = bench_graph(run, [lambda w=w: dg.linear(x, w) for w in int4])
+            row.update(decode_gemv_us=1e3 * ms_gemv, decode_gemv_vs_dense=ms_dense / ms_gemv,
+                       decode_gemv_rel_err=gemv_err)
     if m >= 256:
         ms_deq = bench_graph(run, [lambda w=w: w4a16_linear(x, *w, group_size,
                                                             dequantize_first=True)
                                    for w in packed])
         row.update(dequant_matmul_us=1e3 * ms_deq, gemm_vs_dequant=ms_deq / ms)
-    row["ok"] = err <= tol(dtype)
+    row["ok"] = max(err, row.get("decode_gemv_rel_err", 0.0)) <= tol(dtype)
     return row
 
 
@@ -358,7 +367,9 @@ def check_w4a16(run) -> None:
                      "launch included: the launch wall); vs_dense: the dense bf16 matmul's "
                      "time over the kernel's (both from graphs); from M = 256 the kernel is "
                      "the tiled GEMM, dequant_matmul_us the dequantize kernel + "
-                     "torch.matmul; config: the pinned tiles used")
+                     "torch.matmul; decode_gemv_us (M <= 4): the same product by "
+                     "minillm.kernels.decode_gemv's int4 path (no glue), the other "
+                     "candidate for decode; config: the pinned tiles used")
 
 
 # ----------------------------------------------------------------------------- decode GEMV
