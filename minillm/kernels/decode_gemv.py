@@ -24,8 +24,8 @@ One program computes BLOCK_N outputs of one row (grid: N / BLOCK_N x M). The pro
 a norm first walks the row once for its sum of squares (the row is K values, 1-2 KiB: it
 stays in L1 / L2 for the second walk), then the main loop recomputes the normalized input
 chunk by chunk while it streams its BLOCK_N rows of W, and keeps a [BLOCK_N, BLOCK_K] fp32
-accumulator summed once at the end. The programs of row 0's first tile also store s (the
-residual stream the next layer adds to); every program computes the same s.
+accumulator summed once at the end. The first tile of each row also stores that row's s
+(the residual stream the next layer adds to); every tile computes the same s.
 
 Invariants:
 - The input is rounded to the model dtype exactly where the unfused path rounds it (the sum
@@ -38,8 +38,8 @@ Invariants:
   kind, never on M: a padded CUDA-graph batch gives a sequence the bits of a batch of one.
 - No value of a CUDA tensor is read on the host and nothing is allocated but the outputs:
   safe inside a CUDA-graph capture.
-- Int4: BLOCK_K divides the group size (one scale per row per step) and is a multiple of 8
-  (whole words); K is a multiple of it.
+- Int4: BLOCK_K divides the group size (one scale per row per chunk of BLOCK_K columns;
+  UNROLL chunks a step) and is a multiple of 8 (whole words); K is a multiple of it.
 
 Where it runs (`minillm.layers.fused.norm_linear` / `silu_mul_linear`): wherever the Triton
 glue runs (CUDA, eager or in a graph; not inside torch.compile), for at most MAX_ROWS rows,
@@ -59,7 +59,7 @@ import triton.language as tl
 from ._checks import _check_device_dtype
 from ._grid import cdiv, next_power_of_2
 from .interpreter import interpreter_enabled
-from .w4a16 import FP32_2P23, _as_words, _block_k, _check_args, _unpack
+from .w4a16 import _as_words, _block_k, _check_args, _unpack
 
 __all__ = ["Int4Weight", "int4_weight", "linear", "norm_linear", "silu_mul_linear", "MAX_ROWS"]
 
