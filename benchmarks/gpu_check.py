@@ -93,7 +93,7 @@ from typing import Callable
 
 import torch
 
-from gpu_check_report import (BREAKDOWN, SCHEMA, fmt, summary, to_markdown,
+from gpu_check_report import (BREAKDOWN, SCHEMA, START_UP_S, fmt, summary, to_markdown,
                               validate_report)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +104,6 @@ NO_GPU_LINE = ("gpu_check: no CUDA device (torch.cuda.is_available() is False), 
 # The sections' time boxes sum to these (full: kernels 111 s, models 309 s; quick: 41 + 102).
 # With START_UP_S the full run is 8 minutes (issue 25), the quick one 3 with GRACE_S too.
 TOTAL_BUDGET_S = {"full": 420.0, "quick": 145.0, "dry": 600.0}
-START_UP_S = 60.0  # the GPU machine's start, the copies, processes starting, environment()
 # --autotune times every candidate of each new bucket (a compile of ~1 s each): its time
 # boxes are this many times the planned ones.
 AUTOTUNE_BUDGET_SCALE = 4.0

@@ -18,6 +18,10 @@ from pathlib import Path
 
 SCHEMA = "minillm-gpu-check/1"
 STATUSES = ("ok", "failed", "timeout", "skipped")
+# What a full run needs besides its sections' time boxes (gpu_check.TOTAL_BUDGET_S): the GPU
+# machine's start, the copies, processes starting, environment(). Here, not in gpu_check,
+# so that reading a report (gpu_goals.py) needs no torch.
+START_UP_S = 60.0
 # A row's {part name: part} of step_breakdown's parts: tables of their own, not a column.
 BREAKDOWN = "breakdown"
 

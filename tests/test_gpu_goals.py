@@ -1,0 +1,186 @@
+"""benchmarks/gpu_goals.py: the issues' GPU goals read off gpu_check reports. On the H100
+reports of 2026-11-27 it must give what BENCHMARKS.md says of them; on small made-up
+reports: a goal met, a row absent, the best of two candidates, the labs, and the files it
+refuses (a CPU dry run, a file that is not a report). No GPU and no torch needed.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from gpu_check_report import SCHEMA, validate_report  # noqa: E402
+from gpu_goals import goals, load_report  # noqa: E402
+
+SCRIPT = ROOT / "benchmarks" / "gpu_goals.py"
+RESULTS = ROOT / "benchmarks" / "results"
+H100 = [RESULTS / "gpu_h100_2026-11-27_kernels.json", RESULTS / "gpu_h100_2026-11-27_model.json"]
+
+
+def section(name: str, rows: list[dict], status: str = "ok", skipped=(), seconds=10.0) -> dict:
+    return {"name": name, "title": name, "status": status, "seconds": seconds, "budget_s": 20.0,
+            "error": None, "rows": rows, "notes": [], "skipped": list(skipped)}
+
+
+def report(*sections: dict, mode: str = "cuda", seconds: float = 100.0) -> dict:
+    r = {"schema": SCHEMA, "mode": mode, "quick": False, "command": "python gpu_check.py",
+         "ok": all(s["status"] != "failed" for s in sections), "finished": True,
+         "seconds": seconds,
+         "environment": {"device": "H100", "driver": None, "cuda": None, "torch": "2",
+                         "triton": "3", "python": "3.12", "date": "2026-11-28"},
+         "sections": list(sections)}
+    validate_report(r)  # the made-up reports are valid ones
+    return r
+
+
+def goal(rows: list[dict], issue: int, starts: str) -> dict:
+    """The one row of ``issue`` whose goal starts with ``starts``."""
+    hits = [r for r in rows if r["issue"] == issue and r["goal"].startswith(starts)]
+    assert len(hits) == 1, f"{len(hits)} rows of issue {issue} start {starts!r}: {rows}"
+    return hits[0]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+
+
+# ----------------------------------------------------------------------------- real reports
+
+
+def test_the_h100_reports_of_2026_11_27():
+    rows = goals([load_report(p) for p in H100])
+    assert {r["issue"] for r in rows} == {25, 26, 27, 28}
+    decode = goal(rows, 26, "batch-1 bf16 decode")
+    assert decode["met"] is False and decode["measured"] == "1155 tok/s"
+    assert goal(rows, 26, "its greedy tokens")["met"] is True
+    serving = goal(rows, 26, "serving workload")
+    assert serving["met"] is False and serving["measured"] == "10184 tok/s"
+    itl = goal(rows, 26, "p50 inter-token")
+    assert itl["met"] is True and itl["measured"] == "2.46 ms"
+    assert goal(rows, 26, "engine ≥ 14× HF one-at-a-time")["met"] is True
+    assert goal(rows, 26, "engine ≥ 3× HF static-16")["met"] is True
+    w4 = goal(rows, 27, "SmolLM2 w4")
+    assert w4["met"] is False and w4["measured"].startswith("0.868×")
+    # The W4A16 kernel alone at M = 1 and 16: no shape reaches its goal; no decode GEMV
+    # candidate was measured then (no "best candidate" rows).
+    w4a16 = [r for r in rows if r["goal"].startswith("W4A16")]
+    assert len(w4a16) == 8 and all(r["met"] is False for r in w4a16)
+    sections = goal(rows, 25, "every section")
+    assert sections["met"] is False
+    assert "serving timeout" in sections["measured"] and "pytest failed" in sections["measured"]
+    assert "varlen: 3 cut" in sections["measured"]
+    assert goal(rows, 25, "check + 60 s")["met"] is True  # 70.1 + 305.4 + 60 <= 480
+    labs = goal(rows, 28, "every lab")
+    assert labs["met"] is None and "no labs section" in labs["measured"]
+
+
+# ----------------------------------------------------------------------------- made-up reports
+
+
+def test_a_goal_met_and_a_row_absent():
+    rows = goals([report(
+        section("decode", [{"engine": "minillm CUDA graph, triton attention",
+                            "decode_tok_s": 1600.0, "same_tokens_as_eager": False,
+                            "first_divergence": 7}]),
+        section("serving", [{"system": "engine continuous, triton", "tok_s": 13000.0,
+                             "itl_p50_ms": None}], status="timeout",
+                skipped=["HF one-at-a-time (time box)"]))])
+    assert goal(rows, 26, "batch-1")["met"] is True
+    tokens = goal(rows, 26, "its greedy tokens")
+    assert tokens["met"] is False and tokens["measured"] == "differ from token 7"
+    assert goal(rows, 26, "serving workload")["met"] is True
+    assert goal(rows, 26, "p50")["met"] is None  # a row whose value is None
+    hf = goal(rows, 26, "engine ≥ 14×")  # a row its section's time box cut
+    assert hf["met"] is None
+    assert hf["measured"] == "no such row: serving section timeout, 1 cut by its time box"
+    absent = goal(rows, 27, "W4A16 M = 1, 4096×4096")  # a section not in the reports
+    assert absent["met"] is None and absent["measured"] == "no w4a16 section in the reports"
+    assert goal(rows, 27, "SmolLM2 w4")["met"] is None
+
+
+def test_the_best_candidate_judges_the_goal_and_is_named():
+    w4 = {"N": 4096, "K": 4096, "M": 1, "layout": "g64 asym", "vs_dense": 1.2,
+          "decode_gemv_vs_dense": 2.7}
+    rows = goals([report(
+        section("w4a16", [w4, {**w4, "N": 3072, "K": 576, "decode_gemv_vs_dense": None}]),
+        section("decode", [
+            {"engine": "minillm w4 g64 asym (RTN, head bf16) CUDA graph, triton attention",
+             "vs_bf16": 0.9},
+            {"engine": "minillm w4 g64 asym (RTN, head bf16) CUDA graph, triton attention, "
+                       "GEMV glue off", "vs_bf16": 1.1},
+            {"engine": "minillm w4 g64 asym (RTN, head bf16) eager, triton attention",
+             "vs_bf16": 3.0}]))])
+    assert goal(rows, 27, "W4A16 M = 1, 4096×4096: ≥ 2.5× dense bf16 (W4A16")["met"] is False
+    best = goal(rows, 27, "W4A16 M = 1, 4096×4096: ≥ 2.5× dense bf16 (best candidate)")
+    assert best["met"] is True
+    assert best["measured"] == "2.70×, decode GEMV (of W4A16 kernel 1.20×, decode GEMV 2.70×)"
+    # No GEMV value: no best-candidate row for that shape.
+    assert not [r for r in rows if r["goal"].startswith("W4A16 M = 1, 3072×576")
+                and "best" in r["goal"]]
+    decode = goal(rows, 27, "SmolLM2 w4")  # the graph rows only; the best of them, named
+    assert decode["met"] is True
+    assert decode["measured"].startswith("1.10× bf16 (") and "GEMV glue off, best of 2" in \
+        decode["measured"]
+
+
+def test_issue_25_counts_the_check_and_leaves_the_labs_to_issue_28():
+    labs = section("labs", [{"lab": "01-tokens", "ok": True}, {"lab": "03-flash", "ok": False}],
+                   status="failed", seconds=200.0)
+    rows = goals([report(section("decode", []), seconds=300.0),
+                  report(labs, seconds=210.0)])
+    assert goal(rows, 25, "every section")["measured"] == "all sections ok (1)"
+    timing = goal(rows, 25, "check + 60 s")
+    assert timing["met"] is True and timing["measured"].startswith("360 s")
+    lab = goal(rows, 28, "every lab")
+    assert lab["met"] is False and lab["measured"] == "1 of 2 passed; failed: 03"
+    passed = goals([report(section("labs", [{"lab": "01-tokens", "ok": True}]))])
+    assert goal(passed, 28, "every lab")["met"] is True
+    cut = goals([report(section("labs", [{"lab": "01-tokens", "ok": True}], status="timeout",
+                                skipped=["09-serving (time box)"]))])
+    assert goal(cut, 28, "every lab")["met"] is False
+
+
+def test_a_cpu_dry_run_is_refused():
+    dry = report(section("decode", []), mode="cpu-dry-run")
+    with pytest.raises(ValueError, match="CPU dry run.*not a GPU's"):
+        goals([dry])
+    res = _run(str(RESULTS / "gpu_cpu_dry_run.json"))
+    assert res.returncode == 2 and "gpu_cpu_dry_run.json" in res.stderr
+    assert "CPU dry run" in res.stderr and not res.stdout
+
+
+def test_a_file_that_is_not_a_report(tmp_path):
+    bare = tmp_path / "rows.json"
+    bare.write_text(json.dumps({"decode": [{"engine": "x"}]}))
+    with pytest.raises(ValueError, match=f"{bare}.*schema must be 'minillm-gpu-check/1'"):
+        load_report(bare)
+    garbled = tmp_path / "cut.json"
+    garbled.write_text('{"schema": ')
+    res = _run(str(garbled))
+    assert res.returncode == 2 and "cut.json: cannot read a JSON report" in res.stderr
+    res = _run(str(tmp_path / "absent.json"))
+    assert res.returncode == 2 and "absent.json" in res.stderr
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def test_the_command_prints_a_markdown_table_and_json():
+    res = _run(*map(str, H100))
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == "| issue | goal | measured | met |" and lines[1] == "|---|---|---|---|"
+    assert "| 28 | every lab passes under nbval on the GPU | no labs section in the reports " \
+           "| not measured |" in lines
+    assert lines[-1] == "5 of 18 goals met, 12 not met, 1 not measured."
+    res = _run("--json", *map(str, H100))
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    assert rows == goals([load_report(p) for p in H100])
+    assert all(set(r) == {"issue", "goal", "measured", "met"} for r in rows)
