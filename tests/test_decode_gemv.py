@@ -11,14 +11,11 @@ model's decode steps through it give the unfused path's logits.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 import zlib
 
 import pytest
 import torch
+from compile_utils import assert_compiles
 
 import minillm.kernels  # noqa: F401  (chooses the interpreter before triton is imported)
 from minillm import LlamaModel, ModelConfig, decode_graph
@@ -267,7 +264,7 @@ def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
     tiles `_tiles` picks for SmolLM2: no TF32 (every product is an FMA: no tl.dot), no
     register spills, 16-byte loads, and no barrier in a block that loads (a layout
     conversion through shared memory in the loop)."""
-    code = textwrap.dedent("""
+    code = """
         import re
         import torch
         torch.cuda.is_available = lambda: True  # define the kernels as compiled
@@ -309,9 +306,5 @@ def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
                     if dt == "*bf16" and (not int4 or block_k == 64):  # 8 bf16 a thread
                         assert "ld.global.v4" in ptx, f"{what}: no 16-byte loads"
         print("compiled")
-    """)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_INTERPRET"] = "0"
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert res.returncode == 0 and "compiled" in res.stdout, res.stderr[-3000:]
+    """
+    assert_compiles(code, timeout=600)

@@ -17,14 +17,11 @@ test builds every kernel for sm_90 in bf16 without a GPU.
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
-import textwrap
 import zlib
 
 import pytest
 import torch
+from compile_utils import assert_compiles
 
 import minillm.kernels  # noqa: F401  (chooses the interpreter before triton is imported)
 from minillm import LlamaModel, ModelConfig, decode_graph
@@ -273,7 +270,7 @@ def test_paged_decode_with_padded_rows_through_the_glue_equals_the_plain_path(mo
 def test_glue_kernels_compile_for_cuda_sm90_without_a_gpu():
     """The interpreter accepts programs the compiler rejects: build each kernel for H100
     (sm_90) in bf16, as a CUDA launch would (ahead of time, Triton's bundled ptxas)."""
-    code = textwrap.dedent("""
+    code = """
         import torch
         torch.cuda.is_available = lambda: True  # define the kernels as compiled, not interpreted
         import triton
@@ -297,12 +294,8 @@ def test_glue_kernels_compile_for_cuda_sm90_without_a_gpu():
                   BLOCK_HALF=32), 2)
         build(glue._silu_mul_kernel, dict(GateUp=bf, Out=bf), dict(BLOCK=1024), 4)
         print("compiled")
-    """)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_INTERPRET"] = "0"
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert res.returncode == 0 and "compiled" in res.stdout, res.stderr[-3000:]
+    """
+    assert_compiles(code, timeout=300)
 
 
 # ---------------------------------------------------------------------------- CUDA only
