@@ -66,7 +66,8 @@ __all__ = ["Int4Weight", "int4_weight", "linear", "norm_linear", "silu_mul_linea
 MAX_ROWS = 4  # from here the unfused path (cuBLAS, w4a16's tiles): W re-read per row
 MAX_DENSE_BLOCK_K = 1024  # columns per step of a float weight (`_dense_block_k`)
 TILE_ELEMENTS = 8192  # weights per program per step at most (`_tiles`)
-INT4_UNROLL = 8  # 4-bit chunks (one group, <= 64 columns, each) per step: 512 columns
+INT4_UNROLL = 8  # 4-bit chunks (one group, <= 64 columns, each) per step: 512 columns ...
+INT4_ONE_STEP = 12  # ... unless K has at most this many: then all of them, one step
 INTERPRETER_BLOCK_N = 256  # rows a program on the CPU interpreter
 _NONE, _NORM, _SILU = 0, 1, 2  # the prologue
 
@@ -191,6 +192,14 @@ def _group_scale_zero(Scales, Zeros, n64, mask, stride_sn, stride_zn, g,
     return s, z
 
 
+def _int4_unroll(k: int, block_k: int) -> int:
+    """4-bit chunks per step: all of K in one step when it is short (SmolLM2's 576 at g64: 9
+    chunks, 91 registers a thread in the sm_90 SASS, no spill), else INT4_UNROLL (1536: 3
+    steps of 8), so that no step is mostly chunks past K."""
+    chunks = cdiv(k, block_k)
+    return chunks if chunks <= INT4_ONE_STEP else INT4_UNROLL
+
+
 def _dense_block_k(k: int) -> int:
     """A float weight's columns per step: all of K up to 1024 (SmolLM2's 576 in one step, so
     every load of the program is in flight at once), else 1024 a step."""
@@ -269,7 +278,7 @@ def _launch(x2, delta2, norm_weight, eps, weight, prologue, k):
         x2, d, nw, s, w, scales, zeros, y, n, k, float(eps), group_size,
         x2.stride(0), d.stride(0), s.stride(0), swn, swk, ssn, szn, y.stride(0),
         PROLOGUE=prologue, HAS_DELTA=delta2 is not None, INT4=int4, HAS_ZEROS=has_zeros,
-        BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=min(INT4_UNROLL, cdiv(k, block_k)) if int4 else 1,
+        BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=_int4_unroll(k, block_k) if int4 else 1,
         NORM_BLOCK=_dense_block_k(k) if prologue == _NORM else 16, num_warps=warps)
     return s, y
 
