@@ -278,17 +278,23 @@ def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
 
         fn = dg._decode_gemv_kernel
         BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"  # Triton's own tools
+        # SmolLM2's products (prologue, with delta, N, K): q|k|v after layer 0's norm and
+        # after the open residual add, gate|up, down, o_proj; with the tiles _launch picks
+        products = ((1, False, 960, 576), (1, True, 960, 576), (1, True, 3072, 576),
+                    (2, False, 576, 1536), (0, False, 576, 576))
         for dt in ("*bf16", "*fp32"):
-            for prologue, delta in ((0, False), (1, False), (1, True), (2, False)):
-                for int4, zeros, block_k in ((False, False, 256), (True, True, 64),
-                                             (True, False, 32)):
+            for prologue, delta, n, k_in in products:
+                for int4, zeros, group in ((False, False, 0), (True, True, 64),
+                                           (True, False, 32)):
+                    block_k = group if int4 else dg._dense_block_k(k_in)
+                    block_n, warps = dg._tiles(n, block_k, int4)
                     w, s = ("*i32", "*fp32") if int4 else (dt, dt)
                     types = dict(X=dt, Delta=dt, NormW=dt, Sum=dt, W=w, Scales=s, Zeros=s,
                                  Y=dt, eps="fp32")
                     consts = dict(PROLOGUE=prologue, HAS_DELTA=delta, INT4=int4,
-                                  HAS_ZEROS=zeros, BLOCK_N=4 if int4 else 8,
-                                  BLOCK_K=block_k if int4 else 1024,
-                                  UNROLL=9 if int4 else 1, NORM_BLOCK=1024)
+                                  HAS_ZEROS=zeros, BLOCK_N=block_n, BLOCK_K=block_k,
+                                  UNROLL=dg._int4_unroll(k_in, block_k) if int4 else 1,
+                                  NORM_BLOCK=dg._dense_block_k(k_in))
                     consts["stride_wk"] = 1  # what a launch specializes a unit stride to
                     sig = {n: "constexpr" if n in consts else types.get(n, "i32")
                            for n in fn.arg_names}
@@ -299,9 +305,9 @@ def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
                              for n in aligned}
                     k = triton.compile(ASTSource(fn, sig, consts, attrs),
                                        target=GPUTarget("cuda", 90, 32),
-                                       options=dict(num_warps=1 if int4 else 8))
+                                       options=dict(num_warps=warps))
                     ptx = k.asm["ptx"]
-                    what = f"{dt} prologue {prologue} int4 {int4}"
+                    what = f"{dt} prologue {prologue} N {n} K {k_in} int4 {int4} g{group}"
                     assert ".tf32" not in ptx, what
                     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                         f.write(k.asm["cubin"])
@@ -314,7 +320,7 @@ def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
                     # the loops: no layout conversion through shared memory next to the loads
                     blocks = re.split(r"\\n\\$L__BB\\d+_\\d+:", ptx)
                     assert not any("ld.global" in b and "bar.sync" in b for b in blocks), what
-                    if dt == "*bf16" and (not int4 or block_k == 64):  # 8 bf16 a thread
+                    if dt == "*bf16" and (not int4 or block_k == 64):  # >= 8 bf16 a thread
                         assert "ld.global.v4" in ptx, f"{what}: no 16-byte loads"
         print("compiled")
     """
