@@ -240,9 +240,9 @@ def test_a_hooked_linear_is_not_bypassed(triton_glue, monkeypatch):
     assert calls.count("norm_linear") == 2 * model.config.num_layers - 1
 
 
-def test_prefill_rows_and_a_subclass_take_the_unfused_path(triton_glue, monkeypatch):
-    """More than MAX_ROWS rows (a prefill), or a Linear subclass with its own forward (a
-    tensor-parallel shard), never go through the GEMV."""
+def test_prefill_rows_a_subclass_and_training_take_the_unfused_path(triton_glue, monkeypatch):
+    """More than MAX_ROWS rows (a prefill), a Linear subclass with its own forward (a
+    tensor-parallel shard), or weights being trained never go through the GEMV."""
     from minillm.layers import Linear
 
     class Counting(Linear):
@@ -250,11 +250,17 @@ def test_prefill_rows_and_a_subclass_take_the_unfused_path(triton_glue, monkeypa
             return super().forward(x)
 
     x = torch.randn(1, dg.MAX_ROWS + 1, 64)
-    lin = Linear(64, 32)
+    lin = Linear(64, 32).requires_grad_(False)
     assert fused.gemv_weight(lin, x) is None
     assert fused.gemv_weight(lin, x[:, :dg.MAX_ROWS]) is lin.weight
     sub = Counting(64, 32)
     assert fused.gemv_weight(sub, x[:, :1]) is None
+    trained = Linear(64, 32)  # requires grad: the kernel has no backward
+    assert fused.gemv_weight(trained, x[:, :1]) is None
+    with torch.no_grad():
+        assert fused.gemv_weight(trained, x[:, :1]) is trained.weight
+    norm_w = torch.ones(64, requires_grad=True)  # a norm being trained: the same
+    assert fused.gemv_weight(lin, x[:, :1], norm_w) is None
     monkeypatch.setattr(fused, "FUSED_GEMV", False)
     assert fused.gemv_weight(lin, x[:, :1]) is None
 

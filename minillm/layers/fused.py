@@ -213,12 +213,13 @@ def _decode_gemv():
     return decode_gemv
 
 
-def gemv_weight(linear, x: torch.Tensor):
+def gemv_weight(linear, x: torch.Tensor, *others: torch.Tensor):
     """What the decode GEMV (`minillm.kernels.decode_gemv`) reads for `linear` applied to
-    x's rows, or None where it must not replace `linear(x)`: no Triton glue here, more
-    rows than a GEMV serves (a prefill), a module whose own forward must run (a subclass, a
-    hook that would miss its call), or a weight of another dtype or device."""
-    if not (FUSED_GEMV and triton_applies(x) and x.stride(-1) == 1):
+    x's rows (`others`: the glue's other inputs), or None where it must not replace
+    `linear(x)`: no Triton glue here, more rows than a GEMV serves (a prefill), a module
+    whose own forward must run (a subclass, a hook that would miss its call), a weight of
+    another dtype or device, or one being trained (the kernel has no backward)."""
+    if not (FUSED_GEMV and triton_applies(x, *others) and x.stride(-1) == 1):
         return None
     if x.numel() > _decode_gemv().MAX_ROWS * x.shape[-1]:
         return None
@@ -228,7 +229,8 @@ def gemv_weight(linear, x: torch.Tensor):
         return None
     get = getattr(linear, "gemv_weight", None)
     w = get() if get is not None else None
-    if isinstance(w, torch.Tensor) and (w.dtype != x.dtype or w.device != x.device):
+    if isinstance(w, torch.Tensor) and (w.dtype != x.dtype or w.device != x.device
+                                        or (torch.is_grad_enabled() and w.requires_grad)):
         return None
     return w
 
@@ -238,7 +240,7 @@ def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.
     """(s, linear(rms_norm(s))) with s = x + delta (x when delta is None): a layer's norm
     and the weight product that reads it. One kernel where the decode GEMV applies; the
     norm's glue and `linear` otherwise."""
-    w = gemv_weight(linear, x)
+    w = gemv_weight(linear, x, norm_weight, *([] if delta is None else [delta]))
     if (w is not None and norm_weight.dtype == x.dtype and norm_weight.is_contiguous()
             and (delta is None or (delta.shape == x.shape and delta.dtype == x.dtype
                                    and delta.stride(-1) == 1))):
