@@ -21,10 +21,11 @@ The host fills the first n rows (once the previous copy out of them is done: a
 `CopyFence`); ONE copy moves the first bucket(n) rows to the device, where the captured
 graphs read them. A row's block table is written only when it changed (its
 `block_table_version`: a block appended, a copy-on-write, another sequence in the row),
-about once per block_size steps of a decoding sequence, not every step. Rows n .. bucket-1 are padding: token 0 at position
-0, slot `kv_cache.trash_slot` (its K/V land in a row that no block contains), context_len 1
-over block 0 (a read that stays in bounds), and never sampled. So the block pool and
-every block of the cache end exactly as after the eager step.
+about once per block_size steps of a decoding sequence, not every step. Rows n .. bucket-1
+are padding: token 0 at position 0, slot `kv_cache.trash_slot` (its K/V land in a row that
+no block contains), context_len 1 over block 0 (a read that stays in bounds), and never
+sampled. So the block pool and every block of the cache end exactly as after the eager
+step.
 
 Capture (CUDA, `enforce_eager=False`): per bucket, largest first, one eager run of the body
 on a side stream (Triton autotuning, cuBLAS workspaces, lazy initialisation: nothing of

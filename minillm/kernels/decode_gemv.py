@@ -58,6 +58,7 @@ import triton.language as tl
 
 from ._checks import _check_device_dtype
 from ._grid import cdiv, next_power_of_2
+from .glue import add_rounded, normed_times_weight, silu_times_up
 from .interpreter import interpreter_enabled
 from .w4a16 import _as_words, _block_k, _check_args, _unpack
 
@@ -91,21 +92,19 @@ def int4_weight(qweight, scales, zeros, group_size: int) -> Int4Weight | None:
 @triton.jit
 def _input_chunk(X, Delta, NormW, row_x, row_d, cols, mask, inv, inter,
                  PROLOGUE: tl.constexpr, HAS_DELTA: tl.constexpr):
-    """The GEMV's input at columns `cols` (fp32), rounded as the unfused glue rounds it."""
+    """The GEMV's input at columns `cols` (fp32), rounded as the unfused glue rounds it (the
+    glue kernels' own rounding helpers: the same bits)."""
     dtype = X.dtype.element_ty
     if PROLOGUE == 2:  # silu(gate) * up, gate | up side by side in X's row
         g = tl.load(X + row_x + cols, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(X + row_x + inter + cols, mask=mask, other=0.0).to(tl.float32)
-        sg = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
-        return (sg * u).to(dtype).to(tl.float32)
+        return silu_times_up(g, u, dtype).to(tl.float32)
     x = tl.load(X + row_x + cols, mask=mask, other=0.0)
     if HAS_DELTA:
-        d = tl.load(Delta + row_d + cols, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + d.to(tl.float32)).to(dtype)
-    if PROLOGUE == 1:  # RMSNorm: the normalized value rounded, then times the weight, rounded
-        n = (x.to(tl.float32) * inv).to(dtype).to(tl.float32)
-        w = tl.load(NormW + cols, mask=mask, other=0.0).to(tl.float32)
-        return (n * w).to(dtype).to(tl.float32)
+        x = add_rounded(x, tl.load(Delta + row_d + cols, mask=mask, other=0.0), dtype)
+    if PROLOGUE == 1:  # RMSNorm
+        w = tl.load(NormW + cols, mask=mask, other=0.0)
+        return normed_times_weight(x.to(tl.float32), inv, w, dtype).to(tl.float32)
     return x.to(tl.float32)
 
 
@@ -135,7 +134,7 @@ def _decode_gemv_kernel(X, Delta, NormW, Sum, W, Scales, Zeros, Y,
             x = tl.load(X + row_x + cols, mask=mask, other=0.0)
             if HAS_DELTA:
                 d = tl.load(Delta + row_d + cols, mask=mask, other=0.0)
-                x = (x.to(tl.float32) + d.to(tl.float32)).to(X.dtype.element_ty)
+                x = add_rounded(x, d, X.dtype.element_ty)
                 if pid_n == 0:  # every program computes the same s: the first tile keeps it
                     tl.store(Sum + row * stride_sm + cols, x, mask=mask)
             xf = x.to(tl.float32)

@@ -65,6 +65,27 @@ def _warps(block: int) -> int:
 
 
 @triton.jit
+def add_rounded(x, d, dtype: tl.constexpr):
+    """x + delta in fp32, rounded to the model dtype once, as `x + delta` is."""
+    return (x.to(tl.float32) + d.to(tl.float32)).to(dtype)
+
+
+@triton.jit
+def normed_times_weight(xf, inv, w, dtype: tl.constexpr):
+    """RMSNorm's output from fp32 x, 1 / rms and the weight: in fp32 (x * inv) * w; in a 16-bit
+    dtype the normalized row is rounded before the weight multiplies, then the product."""
+    n = (xf * inv).to(dtype).to(tl.float32)
+    return (n * w.to(tl.float32)).to(dtype)
+
+
+@triton.jit
+def silu_times_up(g, u, dtype: tl.constexpr):
+    """silu(gate) * up from fp32 gate and up: F.silu rounds to the dtype, then `* up` again."""
+    sg = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    return (sg * u).to(dtype)
+
+
+@triton.jit
 def _rms_norm_kernel(X, Delta, W, Out, Sum, width, eps,
                      stride_x, stride_d, stride_o, stride_s,
                      HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
@@ -74,14 +95,13 @@ def _rms_norm_kernel(X, Delta, W, Out, Sum, width, eps,
     x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_DELTA:  # the residual add, rounded to the model dtype as `x + delta` is
         d = tl.load(Delta + row * stride_d + offs, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + d.to(tl.float32)).to(Sum.dtype.element_ty)
+        x = add_rounded(x, d, Sum.dtype.element_ty)
         tl.store(Sum + row * stride_s + offs, x, mask=mask)
     xf = x.to(tl.float32)
     inv = tl.rsqrt(tl.sum(xf * xf, axis=0) / width + eps)
-    # fp32: (x * inv) * w; 16-bit: the normalized row is rounded before the weight multiplies.
-    n = (xf * inv).to(Out.dtype.element_ty).to(tl.float32)
-    w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Out + row * stride_o + offs, (n * w).to(Out.dtype.element_ty), mask=mask)
+    w = tl.load(W + offs, mask=mask, other=0.0)
+    tl.store(Out + row * stride_o + offs, normed_times_weight(xf, inv, w, Out.dtype.element_ty),
+             mask=mask)
 
 
 @triton.jit
@@ -134,9 +154,7 @@ def _silu_mul_kernel(GateUp, Out, inter, stride_g, stride_o, BLOCK: tl.constexpr
     mask = cols < inter
     g = tl.load(GateUp + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(GateUp + row * stride_g + inter + cols, mask=mask, other=0.0).to(tl.float32)
-    # F.silu rounds to the dtype, then `* up` rounds again.
-    sg = (g / (1.0 + tl.exp(-g))).to(Out.dtype.element_ty).to(tl.float32)
-    tl.store(Out + row * stride_o + cols, (sg * u).to(Out.dtype.element_ty), mask=mask)
+    tl.store(Out + row * stride_o + cols, silu_times_up(g, u, Out.dtype.element_ty), mask=mask)
 
 
 def _rows(x: torch.Tensor, name: str) -> torch.Tensor:
