@@ -24,8 +24,9 @@ run; each has a time box, and what it had no time for is listed as skipped):
                       bandwidth ceiling and transformers on the same GPU; where a step's time
                       goes (the graph rows' kernels, the eager row's host functions)
     serving           gpu_check_model: benchmarks/serving.py's workload, engine continuous
-                      against HF one-at-a-time and HF static-16 (both sampled); the engine's
-                      decode step, graph and eager, and where the batch-64 step's time goes
+                      against HF one-at-a-time and HF static-16 (both sampled), and against
+                      itself with 2048-token steps (the old budget); the engine's decode step,
+                      graph and eager, and where the batch-64 step's time goes
     pytest            gpu_check_model: the test files of the kernels (Lab 03's scaffold kernel
                       included), speculative decoding and tensor parallelism, with the CUDA
                       device visible, all at once (not in --quick)

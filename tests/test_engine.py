@@ -251,6 +251,21 @@ def test_default_pool_is_sized_from_a_budget(model):
     assert engine.block_manager.num_blocks == 2 * 256 // BS
 
 
+def test_the_token_budget_defaults_by_device(model):
+    """None resolves to 512 tokens a step on a CPU (compute-bound there) and 8192 on CUDA
+    (host-bound eager steps: fewer, larger chunks); a given budget is kept on either."""
+    from types import SimpleNamespace
+
+    cuda_model = SimpleNamespace(config=model.config, device=torch.device("cuda"),
+                                 dtype=model.dtype)
+    for m, want in ((model, 512), (cuda_model, 8192)):
+        resolved = LLMEngine._resolve_sizes(minillm.EngineConfig(num_blocks=8), m)
+        assert resolved.max_num_batched_tokens == want
+        kept = LLMEngine._resolve_sizes(
+            minillm.EngineConfig(num_blocks=8, max_num_batched_tokens=96), m)
+        assert kept.max_num_batched_tokens == 96
+
+
 @pytest.mark.parametrize("path", ["kernel", "gather"])
 def test_paged_context_matches_reference(path):
     """Decodes (C++ kernel / torch gather path) and prefill chunks vs the reference."""

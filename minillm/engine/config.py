@@ -39,7 +39,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # Scheduling: per step at most max_num_seqs sequences and max_num_batched_tokens tokens.
     max_num_seqs: int = 64
-    max_num_batched_tokens: int | None = None  # None: 512 on a CPU, 2048 on CUDA (LLMEngine)
+    max_num_batched_tokens: int | None = None  # None: 512 on a CPU, 8192 on CUDA (LLMEngine)
     chunked_prefill: bool = True
     scheduling: str = "continuous"             # or "static": the baseline of Lab 05
     # Admission keeps this fraction of the pool free, so that a newly admitted prompt does

@@ -23,9 +23,13 @@ than max_num_seqs full-length sequences would need.
 step is already compute-bound there (the weights are read once for 512 tokens, not once per
 token), and a long prompt then delays the running decodes by at most one such step (~0.5-1
 s) instead of its whole prefill; it is the chunk size the syllabus and vLLM's early
-chunked-prefill default use. 2048 on CUDA: a prefill step of a small model is launch-bound
-there (hundreds of kernels whatever the token count), so fewer, larger chunks take less
-time; the running decodes wait for one step of a few milliseconds.
+chunked-prefill default use. 8192 on CUDA (vLLM's serving default on large GPUs): a prefill
+or mixed step runs eagerly, and for a small model it is host-bound there, not compute-bound
+(SmolLM2 on an H100, 2026-11-27: an eager step took 24-36 ms whatever its batch, while
+8192 tokens are ~2 TFLOP, a few ms of the GPU's work), so fewer, larger chunks cost fewer
+such steps. The serving workload's 8,700 prompt tokens take 2 eager steps instead of 5
+(`widgets.batching_sim.simulate` replays the scheduler); the running decodes wait for one
+step either way. `benchmarks/gpu_check.py` measures the old 2048 beside it.
 
 `decode_path` picks how decode rows attend (see `minillm.attention.paged`): None chooses
 "kernel" (the C++ paged-decode kernel, K/V read in place) on a CPU where it builds, else
@@ -61,7 +65,7 @@ from .scheduler import Scheduler
 from .step import run_step
 
 DEFAULT_CPU_KV_BYTES = 2 << 30
-CPU_BATCHED_TOKENS, GPU_BATCHED_TOKENS = 512, 2048  # max_num_batched_tokens=None (above)
+CPU_BATCHED_TOKENS, GPU_BATCHED_TOKENS = 512, 8192  # max_num_batched_tokens=None (above)
 
 
 def default_kv_budget_bytes(device: torch.device) -> int:
