@@ -156,8 +156,12 @@ def test_parse_json_body_rejects(raw):
 
 def test_serve_config_checks():
     assert ServeConfig().host == "127.0.0.1"
+    # The token budget is the engine's by default (512 on a CPU, 8192 on CUDA).
+    assert ServeConfig().engine_options()["max_num_batched_tokens"] is None
+    assert "--max-num-batched-tokens" not in ServeConfig().cli_args()
+    assert ServeConfig(max_num_batched_tokens=96).engine_options()["max_num_batched_tokens"] == 96
     for bad in ({"max_queue_len": 0}, {"port": 70000}, {"drain_timeout_s": math.nan},
-                {"num_blocks": -1}, {"max_num_seqs": True}):
+                {"num_blocks": -1}, {"max_num_seqs": True}, {"max_num_batched_tokens": 0}):
         with pytest.raises(ValueError, match=f"ServeConfig.{next(iter(bad))}"):
             ServeConfig(**bad)
 

@@ -30,7 +30,8 @@ class ServeConfig:
     max_queue_len: int = 64                 # waiting requests before new ones get 503
     num_blocks: int | None = None           # engine: KV blocks (None: sized from memory)
     block_size: int = 16
-    max_num_batched_tokens: int = 512
+    max_num_batched_tokens: int | None = None  # engine: tokens per step (None: 512 on a
+                                               # CPU, 8192 on CUDA: LLMEngine decides)
     drain_timeout_s: float = 30.0           # SIGTERM: how long in-flight requests may run on
     health_timeout_s: float = 30.0          # GET /health: the one-token generation's deadline
     default_max_tokens: int = 256           # chat completions without max_tokens
@@ -43,12 +44,13 @@ class ServeConfig:
     dtype: str | None = None                # float32, bfloat16, float16; None: the device's
 
     def __post_init__(self):
-        for name in ("max_num_seqs", "max_queue_len", "block_size", "max_num_batched_tokens",
+        for name in ("max_num_seqs", "max_queue_len", "block_size",
                      "default_max_tokens", "max_n", "retry_after_s", "stream_tokens_per_event"):
             _check_int(name, getattr(self, name), 1)
         _check_int("port", self.port, 0, 65535)
-        if self.num_blocks is not None:
-            _check_int("num_blocks", self.num_blocks, 1)
+        for name in ("num_blocks", "max_num_batched_tokens"):  # None: the engine sizes it
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 1)
         for name in ("drain_timeout_s", "health_timeout_s", "stall_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
