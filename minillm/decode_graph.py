@@ -1,7 +1,7 @@
 """Batch-1 decode through a CUDA graph: `generate(..., cuda_graph=True)`.
 
 A decode step of a small model on a GPU is launch-bound: SmolLM2 launched ~900 kernels per
-token in plain PyTorch (30 layers x ~30; ~200 with the fused glue and the decode GEMV)
+token in plain PyTorch (30 layers x ~30; ~160 with the fused glue and the decode GEMV)
 while reading its weights takes ~0.1 ms. `DecodeGraph` captures
 one decode step once and replays it: one launch per token. With `compile=True` the step is
 first compiled by torch.compile (default mode, dynamic=False: Inductor fuses the glue
@@ -12,8 +12,9 @@ What a graph needs is that every tensor it touches keeps its address and shape:
 - a static KV cache of `capacity` tokens per row (a power of two >= what the request
   needs, at least 256), allocated once; prefill writes the prompt's K/V into it eagerly;
 - this step's K/V written at each row's position on the device: by `index_put_`, or, where
-  the Triton glue runs (CUDA, not compiled), by RoPE's kernel through slots
-  b * capacity + position (the cache viewed as [B * capacity, Hkv, D]: `kv_write`);
+  the Triton glue runs (CUDA, not compiled), by RoPE's pass (q|k|v's decode GEMV, or
+  `rope_kv`) through slots b * capacity + position (the cache viewed as [B * capacity,
+  Hkv, D]: `kv_write`);
 - static input buffers `input_ids [B, 1]` and `positions [B, 1]`, set before each replay
   with `fill_` (a kernel argument, no host-to-device copy);
 - attention over the fixed-size cache, the length taken from `positions` on the device:
@@ -24,8 +25,8 @@ What a graph needs is that every tensor it touches keeps its address and shape:
 
 Graphs live on the model (`model._decode_graphs`), one per (batch size, compile). One is
 reused while the attention backend's kind, the weights' addresses, the dtype, a large
-enough capacity and `fused.FUSED_GEMV` (the decode GEMV on or off) stay the same;
-otherwise it is rebuilt (and re-captured).
+enough capacity and `fused.FUSED_GEMV`, `fused.FUSED_ROPE` (the decode GEMV, its RoPE
+epilogue, on or off) stay the same; otherwise it is rebuilt (and re-captured).
 
 `cuda_graph=None` (generate's default) means True on CUDA and False elsewhere. On a CPU
 there are no CUDA graphs: `cuda_graph=True` warns once and runs the same static step
@@ -125,7 +126,8 @@ class DecodeGraph:
         device = model.device
         self.model, self.batch_size, self.capacity = model, batch_size, capacity
         self.backend, self.dtype, self.weights = model.attn_backend, model.dtype, _weights_key(model)
-        self.fused_gemv = fused.FUSED_GEMV  # captured with (or without) the decode GEMV
+        # captured with (or without) the decode GEMV, and with (or without) RoPE in q|k|v's
+        self.fused_gemv = (fused.FUSED_GEMV, fused.FUSED_ROPE)
         self.cache = KVCache(model.config, batch_size, capacity, model.dtype, device)
         for t in self.cache.k + self.cache.v:  # masked keys must hold numbers (0 * NaN = NaN)
             t.zero_()
@@ -150,7 +152,7 @@ class DecodeGraph:
     def serves(self, model, num_tokens: int) -> bool:
         return (type(self.backend) is type(model.attn_backend) and self.dtype == model.dtype
                 and num_tokens <= self.capacity and self.weights == _weights_key(model)
-                and self.fused_gemv == fused.FUSED_GEMV)
+                and self.fused_gemv == (fused.FUSED_GEMV, fused.FUSED_ROPE))
 
     def _step(self) -> torch.Tensor:
         ctx = StaticCacheContext(self.backend, self.cache, self.rows, self.positions[:, 0])

@@ -24,8 +24,9 @@ residual add open (`DecoderLayer.forward_open`) for the next layer's norm to add
 pass; `layer(x)` alone still returns the sum. A context that owns a cache may hand each
 layer a `fused.KVWrite` (`ctx.kv_write(layer)`): RoPE then stores the layer's K/V in the
 same pass, and `attend` is told so (`kv_stored=True`). A decode step on CUDA goes one step
-further: each norm runs inside the weight product that reads it, and SiLU·up inside down's
-(`fused.norm_linear`, `fused.silu_mul_linear`: the decode GEMV), six kernels a layer.
+further: each norm runs inside the weight product that reads it, SiLU·up inside down's,
+and RoPE with the K/V store inside q|k|v's (`fused.norm_linear`, `fused.silu_mul_linear`,
+`fused.norm_linear_rope`: the decode GEMV), five kernels a layer.
 """
 from __future__ import annotations
 
@@ -90,11 +91,10 @@ class Attention(nn.Module):
     def rotate(self, qkv, cos, sin, kv_write=None):
         """q, k, v from q|k|v's projection [B, T, q_size + 2 kv_size], RoPE applied."""
         c = self.config
-        B, T, _ = qkv.shape
-        heads = qkv.view(B, T, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+        heads = self._heads(qkv)
         n = c.num_heads + c.num_kv_heads
         if fused.rope_(heads, n, cos, sin, kv_write) is not None:  # in place, in one pass
-            return heads[:, :, :c.num_heads], heads[:, :, c.num_heads:n], heads[:, :, n:]
+            return self._split(heads)
         # Rotate q and k heads in one call (fewer small ops per decode step).
         qk = apply_rope(heads[:, :, :n], cos, sin)
         q, k, v = qk[:, :, :c.num_heads], qk[:, :, c.num_heads:], heads[:, :, n:]
@@ -102,13 +102,40 @@ class Attention(nn.Module):
             kv_write.store(k, v)
         return q, k, v
 
+    def _heads(self, qkv):
+        """q|k|v's projection [B, T, q_size + 2 kv_size] as heads [B, T, Hq + 2 Hkv, D]."""
+        c = self.config
+        return qkv.view(*qkv.shape[:2], c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+
+    def _split(self, heads):
+        c = self.config
+        n = c.num_heads + c.num_kv_heads
+        return heads[:, :, :c.num_heads], heads[:, :, c.num_heads:n], heads[:, :, n:]
+
     def forward(self, x, cos, sin, ctx, layer_idx: int):
         return self.attend(self.qkv_proj(x), cos, sin, ctx, layer_idx)
 
     def attend(self, qkv, cos, sin, ctx, layer_idx: int):
         """Attention from q|k|v's projection on: RoPE, the cache, attention, o_proj."""
-        kv_write = ctx.kv_write(layer_idx)  # None: attend stores K/V itself
-        q, k, v = self.rotate(qkv, cos, sin, kv_write)
+        return self._attend(qkv, cos, sin, ctx, layer_idx, ctx.kv_write(layer_idx), False)
+
+    def norm_attend(self, x, delta, norm, cos, sin, ctx, layer_idx: int):
+        """(s, attention of norm(s)) with s = x + delta (delta None: s = x): the input norm,
+        q|k|v's product, RoPE, the K/V store, attention, o_proj. For a decode step on CUDA
+        the first four are one kernel (`fused.norm_linear_rope`: the decode GEMV)."""
+        c = self.config
+        kv_write = ctx.kv_write(layer_idx)  # None: ctx.attend stores K/V itself
+        x, qkv, rotated = fused.norm_linear_rope(x, delta, norm.weight, norm.eps, self.qkv_proj,
+                                                 c.num_heads, c.num_kv_heads, cos, sin, kv_write)
+        return x, self._attend(qkv, cos, sin, ctx, layer_idx, kv_write, rotated)
+
+    def _attend(self, qkv, cos, sin, ctx, layer_idx, kv_write, rotated: bool):
+        """attend's body; rotated: q|k in qkv are rotated already and K/V stored where
+        kv_write says (the GEMV's epilogue did both)."""
+        if rotated:
+            q, k, v = self._split(self._heads(qkv))
+        else:
+            q, k, v = self.rotate(qkv, cos, sin, kv_write)
         out = ctx.attend(layer_idx, q, k, v, kv_stored=kv_write is not None)  # [B, T, Hq, D]
         return self.o_proj(out.reshape(qkv.shape[0], qkv.shape[1], self.config.q_size))
 
@@ -146,12 +173,11 @@ class DecoderLayer(nn.Module):
         bits everywhere (the sum is rounded once, as `x + delta`).
 
         Each norm goes straight into the product that reads it, and SiLU·up into down's
-        (`fused.norm_linear`, `fused.silu_mul_linear`): for a decode step on CUDA each pair
-        is one kernel (the decode GEMV); elsewhere the norm's glue, then the Linear, as
-        `self.attn(...)` and `self.mlp(...)` compute them."""
-        norm = self.input_norm
-        x, qkv = fused.norm_linear(x, delta, norm.weight, norm.eps, self.attn.qkv_proj)
-        attn = self.attn.attend(qkv, cos, sin, ctx, layer_idx)
+        (`Attention.norm_attend`, `fused.norm_linear`, `fused.silu_mul_linear`): for a
+        decode step on CUDA each pair is one kernel (the decode GEMV; q|k|v's also does RoPE
+        and the K/V store); elsewhere the norm's glue, then the Linear, as `self.attn(...)`
+        and `self.mlp(...)` compute them."""
+        x, attn = self.attn.norm_attend(x, delta, self.input_norm, cos, sin, ctx, layer_idx)
         norm = self.post_attention_norm
         x, gate_up = fused.norm_linear(x, attn, norm.weight, norm.eps, self.mlp.gate_up_proj)
         return x, fused.silu_mul_linear(gate_up, self.mlp.down_proj)

@@ -8,6 +8,12 @@ in fp16 / bf16; a wrong column, group, zero point or norm is off by far more. Th
 sum s must equal `x + delta` bit for bit. On a CPU the kernel runs in Triton's interpreter
 (fp32, fp16); with CUDA the same tests run compiled, in bf16 too. At model level, a tiny
 model's decode steps through it give the unfused path's logits.
+
+q|k|v's product with RoPE and the K/V store in its epilogue has an exact oracle: the same
+product, then `glue.rope_kv` on it. Both round the sums to the dtype, then rotate with the
+one helper (`glue.rope_pair`), so the output and the caches must agree bit for bit, and so
+must a tiny model's logits and caches (DecodeGraph's static step, the engine's paged one)
+with the epilogue on and off (`fused.FUSED_ROPE`).
 """
 from __future__ import annotations
 
@@ -19,8 +25,11 @@ from compile_utils import assert_compiles
 
 import minillm.kernels  # noqa: F401  (chooses the interpreter before triton is imported)
 from minillm import LlamaModel, ModelConfig, decode_graph
+from minillm.engine import LLMEngine, SamplingParams
 from minillm.kernels import decode_gemv as dg
+from minillm.kernels import glue
 from minillm.layers import fused
+from minillm.model import rope_cos_sin
 from minillm.quant import quantize_model
 from minillm.quant.packing import dequantize_packed, pack
 from minillm.quant.weights import rtn
@@ -149,6 +158,91 @@ def test_bad_arguments_get_clear_errors(gen):
                                                    z24.to(DEVICE), 24))
 
 
+# ------------------------------------------------------------ RoPE in q|k|v's epilogue
+
+# (num_q, num_kv, D, K): SmolLM2's q|k|v (N 960: four tiles of 256 on the interpreter, the
+# last one partial), and a small odd one (N 120, D / 2 = 12: pairs across a tile's edge)
+ROPE_HEADS = [(9, 3, 64, 576), (3, 1, 24, 64)]
+
+
+def rope_tables(g, m, dim, dtype):
+    """cos, sin [m, dim] (`rope_cos_sin` rows at random positions, the last one included)
+    in `dtype`."""
+    cos, sin = rope_cos_sin(dim, 2048, 1e5)
+    pos = torch.cat([torch.tensor([2047]), torch.randint(0, 2048, (m - 1,), generator=g)])
+    return cos[pos].to(DEVICE, dtype), sin[pos].to(DEVICE, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS[:3])
+@pytest.mark.parametrize("num_q, num_kv, dim, k", ROPE_HEADS)
+@pytest.mark.parametrize("store", [True, False], ids=["kv_write", "rotate_only"])
+def test_the_rope_epilogue_gives_the_bits_of_rope_kv_after_the_product(gen, dtype, kind, num_q,
+                                                                       num_kv, dim, k, store):
+    """q|k|v's product with RoPE (and the K/V store) in its epilogue against the unfused
+    path, `dg.norm_linear` then `glue.rope_kv` on its heads, bit for bit: the output (q and
+    k rotated, v as the product gave it), the caches' rows at the slots, every other row
+    untouched. M = 1..4, with and without delta, tables in fp32 and in the model's dtype."""
+    heads = num_q + 2 * num_kv
+    w, _ = weights(gen, kind, heads * dim, k, dtype)
+    nw = 1 + randn(gen, k, scale=0.2, dtype=dtype)
+    num_slots = 7
+    for m, table, with_delta in ((1, torch.float32, True), (2, dtype, False),
+                                 (3, torch.float32, False), (4, dtype, True)):
+        what = f"{kind} M {m} tables {table} delta {with_delta}"
+        x = randn(gen, m, k, dtype=dtype)
+        delta = randn(gen, m, k, dtype=dtype) if with_delta else None
+        cos, sin = rope_tables(gen, m, dim, table)
+        caches = randn(gen, num_slots, num_kv, dim, dtype=dtype), randn(gen, num_slots, num_kv,
+                                                                        dim, dtype=dtype)
+        slots = torch.randperm(num_slots, generator=gen)[:m].to(DEVICE)
+        kv = (caches[0].clone(), caches[1].clone(), slots) if store else None
+        s, y = dg.norm_linear(x, delta, nw, 1e-5, w, dg.Rope(num_q, num_kv, dim, cos, sin, kv))
+
+        want_s, want = dg.norm_linear(x, delta, nw, 1e-5, w)
+        product = want.clone()
+        want_kv = (caches[0].clone(), caches[1].clone(), slots) if store else None
+        glue.rope_kv(want.view(m, heads, dim), num_q, num_kv, cos, sin, want_kv)
+        assert torch.equal(s, want_s), what
+        assert torch.equal(y, want), f"{what}: the epilogue's heads are not rope_kv's"
+        q_k = (num_q + num_kv) * dim
+        assert not torch.equal(y[:, :q_k], product[:, :q_k]), f"{what}: q|k not rotated"
+        assert torch.equal(y[:, q_k:], product[:, q_k:]), f"{what}: v must stay"
+        if store:
+            for got, expected, name in ((kv[0], want_kv[0], "k"), (kv[1], want_kv[1], "v")):
+                assert torch.equal(got, expected), f"{what}: the {name} cache differs"
+            assert torch.equal(kv[0][slots], y.view(m, heads, dim)[:, num_q:num_q + num_kv])
+            untouched = torch.ones(num_slots, dtype=torch.bool, device=DEVICE)
+            untouched[slots] = False
+            assert torch.equal(kv[0][untouched], caches[0][untouched]), what
+            assert torch.equal(kv[1][untouched], caches[1][untouched]), what
+
+
+def test_the_rope_epilogue_rejects_bad_shapes_clearly(gen):
+    x, nw = randn(gen, 2, 64), randn(gen, 64)
+    w = randn(gen, (9 + 2 * 3) * 16, 64)
+    cos, sin = rope_tables(gen, 2, 16, torch.float32)
+    cache = randn(gen, 5, 3, 16)
+
+    def call(num_q=9, num_kv=3, dim=16, c=cos, kv=None, weight=w):
+        return dg.norm_linear(x, None, nw, 1e-5, weight, dg.Rope(num_q, num_kv, dim, c, sin, kv))
+    with pytest.raises(ValueError, match=r"cos must be \[2, 16\] float32"):
+        call(c=cos[:1])
+    with pytest.raises(ValueError, match=r"cos must be .* \(or heads' torch.float32"):
+        call(c=cos.double())
+    with pytest.raises(ValueError, match=r"N = \(num_q \+ 2 num_kv\) \* head_dim = .* = 160 "
+                                         r"output columns, but the weight has N = 240"):
+        call(num_q=4)
+    with pytest.raises(ValueError, match="even head_dim"):
+        call(num_q=1, num_kv=1, dim=15, weight=randn(gen, 45, 64), c=cos[:, :15])
+    with pytest.raises(ValueError, match=r"k_cache must be \[num_slots, 3, 16\]"):
+        call(kv=(cache[:, :2], cache, torch.zeros(2, dtype=torch.long, device=DEVICE)))
+    with pytest.raises(ValueError, match=r"slot_mapping must be an integer \[2\]"):
+        call(kv=(cache, cache, torch.zeros(2, device=DEVICE)))
+    with pytest.raises(ValueError, match=r"slot_mapping must be an integer \[2\]"):
+        call(kv=(cache, cache, torch.zeros(3, dtype=torch.long, device=DEVICE)))
+
+
 # ------------------------------------------------------------------------ in the model
 
 
@@ -158,14 +252,24 @@ def triton_glue(monkeypatch):
 
 
 def count_gemv_calls(monkeypatch):
+    """The decode GEMV's calls by name: "norm_linear+rope" (with RoPE in q|k|v's epilogue)
+    and "+kv" where it stores K/V too; the K/V stores of `glue.rope_kv` as "rope_kv+kv"."""
     calls = []
     for name in ("norm_linear", "silu_mul_linear"):
         real = getattr(dg, name)
 
         def counted(*args, _real=real, _name=name, **kwargs):
-            calls.append(_name)
+            rope = args[5] if len(args) > 5 else kwargs.get("rope")
+            calls.append(_name + ("" if rope is None else "+rope")
+                         + ("+kv" if rope is not None and rope.kv is not None else ""))
             return _real(*args, **kwargs)
         monkeypatch.setattr(dg, name, counted)
+    real_rope_kv = glue.rope_kv
+
+    def rope_kv(heads, num_q, num_kv, cos, sin, kv=None):
+        calls.append("rope_kv" + ("" if kv is None else "+kv"))
+        return real_rope_kv(heads, num_q, num_kv, cos, sin, kv)
+    monkeypatch.setattr(glue, "rope_kv", rope_kv)
     return calls
 
 
@@ -190,17 +294,19 @@ def test_a_decode_step_through_the_gemv_gives_the_unfused_logits(triton_glue, mo
             calls.clear()
             logits[on] = g.decode(11, 3).clone()
         if on:
-            assert calls.count("norm_linear") == 2 * model.config.num_layers
-            assert calls.count("silu_mul_linear") == model.config.num_layers
+            num_layers = model.config.num_layers
+            assert calls.count("norm_linear+rope+kv") == calls.count("norm_linear") == num_layers
+            assert calls.count("silu_mul_linear") == num_layers
             assert fused.FUSED_GEMV, "the GEMV failed and switched itself off"
         else:
-            assert not calls, "with FUSED_GEMV off the GEMV must not run"
+            assert set(calls) == {"rope_kv+kv"}, "with FUSED_GEMV off the GEMV must not run"
     torch.testing.assert_close(logits[True], logits[False], rtol=1e-4, atol=1e-4)
 
 
 def test_a_gemv_that_fails_is_switched_off_with_a_warning(triton_glue, monkeypatch):
     """A kernel that does not compile on some stack must cost the step its fusion only: the
-    unfused path's logits, one warning, and the GEMV off for the rest of the process."""
+    unfused path's logits, a warning (one for q|k|v's RoPE epilogue, one for the GEMV), and
+    the GEMV off for the rest of the process."""
     model = LlamaModel(ModelConfig.tiny()).init_random_weights(seed=6).eval()
     model.set_attn_backend("triton")
     monkeypatch.setattr(fused, "FUSED_GEMV", False)
@@ -213,6 +319,7 @@ def test_a_gemv_that_fails_is_switched_off_with_a_warning(triton_glue, monkeypat
         raise RuntimeError("no such instruction on this GPU")
     monkeypatch.setattr(dg, "norm_linear", broken)
     monkeypatch.setattr(fused, "FUSED_GEMV", True)
+    monkeypatch.setattr(fused, "FUSED_ROPE", True)  # (restored after the test: it fails too)
     model.__dict__.pop("_decode_graphs")
     g = decode_graph.get(model, 1, 16)
     with torch.inference_mode(), pytest.warns(RuntimeWarning, match="no such instruction"):
@@ -220,6 +327,109 @@ def test_a_gemv_that_fails_is_switched_off_with_a_warning(triton_glue, monkeypat
     assert fused.FUSED_GEMV is False
     with torch.inference_mode():
         torch.testing.assert_close(g.decode(11, 3), expected, rtol=0, atol=0)
+
+
+def test_a_rope_epilogue_that_fails_switches_off_only_itself(triton_glue, monkeypatch):
+    """q|k|v's GEMV with RoPE in its epilogue failing leaves the plain GEMV on: RoPE and the
+    K/V store run as their own kernel after it, with the bits of the epilogue switched off."""
+    model = LlamaModel(ModelConfig.tiny()).init_random_weights(seed=6).eval()
+    monkeypatch.setattr(fused, "FUSED_ROPE", False)
+    g = decode_graph.get(model, 1, 16)
+    with torch.inference_mode():
+        g.prefill(torch.tensor([[5, 6, 7]]))
+        expected = g.decode(11, 3).clone()
+    real = dg.norm_linear
+
+    def no_rope(*args, rope=None, **kwargs):
+        if rope is not None:
+            raise RuntimeError("no such split on this GPU")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(dg, "norm_linear", no_rope)
+    monkeypatch.setattr(fused, "FUSED_ROPE", True)
+    model.__dict__.pop("_decode_graphs")
+    g = decode_graph.get(model, 1, 16)
+    with torch.inference_mode(), pytest.warns(RuntimeWarning, match="RoPE epilogue failed"):
+        g.prefill(torch.tensor([[5, 6, 7]]))
+    assert fused.FUSED_ROPE is False and fused.FUSED_GEMV is True
+    with torch.inference_mode():
+        assert torch.equal(g.decode(11, 3), expected)
+
+
+def rope_on_and_off(monkeypatch, run):
+    """run() with RoPE in q|k|v's GEMV, then without (`rope_kv` after it): {on: (result,
+    the decode GEMV's and rope_kv's calls)}."""
+    calls, out = count_gemv_calls(monkeypatch), {}
+    for on in (True, False):
+        monkeypatch.setattr(fused, "FUSED_ROPE", on)
+        calls.clear()
+        with torch.inference_mode():
+            out[on] = run(), list(calls)
+        assert fused.FUSED_ROPE == on and fused.FUSED_GEMV, "a kernel failed, switched off"
+    return out
+
+
+def static_cache_steps(model):
+    """A 3-token prefill (the GEMV takes it: the epilogue rotates, the contiguous cache's
+    context stores K/V) and two decode steps through a fresh DecodeGraph: (their logits,
+    the cache); the calls of the decode steps alone are kept apart."""
+    model.__dict__.pop("_decode_graphs", None)
+    g = decode_graph.get(model, 1, 16)
+    logits = [g.prefill(torch.tensor([[5, 6, 7]], device=DEVICE)).clone()]
+    logits += [g.decode(11, 3).clone(), g.decode(12, 4).clone()]
+    return torch.cat(logits), [t.clone() for t in g.cache.k + g.cache.v]
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["float", "w4"])
+def test_rope_in_the_qkv_gemv_gives_a_static_decode_step_the_same_bits(triton_glue,
+                                                                       monkeypatch, quantized):
+    """DecodeGraph's static step (batch 1; captured on CUDA), float and w4: with RoPE and
+    the K/V store in q|k|v's GEMV, the logits and every cache row are those of `rope_kv`
+    after the product, bit for bit, and rope_kv does not run."""
+    model = LlamaModel(ModelConfig.tiny()).init_random_weights(seed=7).eval()
+    if quantized:
+        model = quantize_model(model, bits=4, group_size=32, method="rtn")
+    model = model.to(DEVICE).set_attn_backend("triton")
+    out = rope_on_and_off(monkeypatch, lambda: static_cache_steps(model))
+    num_layers = model.config.num_layers
+    (logits, cache), calls = out[True]
+    if not CUDA:  # on CUDA the decode steps are replays: the calls were the capture's
+        assert calls.count("norm_linear+rope") == num_layers  # the prefill: rotate only
+        assert calls.count("norm_linear+rope+kv") == 2 * num_layers, calls
+        assert not any(c.startswith("rope_kv") for c in calls), "rope_kv ran: no fusion"
+        assert out[False][1].count("rope_kv+kv") == 2 * num_layers
+    assert torch.equal(logits, out[False][0][0])
+    for got, want in zip(cache, out[False][0][1]):
+        assert torch.equal(got, want), "the cache differs"
+
+
+def test_rope_in_the_qkv_gemv_gives_the_paged_engine_the_same_bits(triton_glue, monkeypatch):
+    """The serving engine's paged cache (w4 model): 3 sequences decode in a bucket of 4, the
+    padded row's K/V going to the trash slot through the epilogue; every step's logits,
+    the tokens and the whole cache equal those with `rope_kv` after the product."""
+    model = LlamaModel(ModelConfig.tiny()).init_random_weights(seed=8).eval()
+    model = quantize_model(model, bits=4, group_size=32, method="rtn").to(DEVICE)
+    prompts = [[5, 6, 7, 8, 9], [40, 41], [7, 7, 7, 7, 7, 7, 7]]
+
+    def serve():
+        engine = LLMEngine(model, num_blocks=32, block_size=4, max_num_seqs=4,
+                           enforce_eager=False)
+        logits, compute_logits = [], model.compute_logits
+        with monkeypatch.context() as mp:
+            mp.setattr(model, "compute_logits",
+                       lambda h: logits.append(compute_logits(h).clone()) or logits[-1])
+            tokens = engine.generate(prompts, SamplingParams(max_tokens=5, ignore_eos=True))
+        kv = engine.kv_cache
+        cache = [t.clone() for i in range(model.config.num_layers) for t in kv.flat(i)]
+        return tokens, logits, cache, kv.trash_slot
+
+    out = rope_on_and_off(monkeypatch, serve)
+    (tokens, logits, cache, trash), calls = out[True]
+    assert calls.count("norm_linear+rope+kv") >= 4 * model.config.num_layers, calls
+    assert tokens == out[False][0][0]
+    assert len(logits) == len(out[False][0][1])
+    assert all(torch.equal(a, b) for a, b in zip(logits, out[False][0][1])), "logits differ"
+    assert all(torch.equal(a, b) for a, b in zip(cache, out[False][0][2])), "caches differ"
+    assert cache[0][trash].abs().sum() > 0, "the padded row should store into the trash slot"
 
 
 def test_a_hooked_linear_is_not_bypassed(triton_glue, monkeypatch):
@@ -237,7 +447,9 @@ def test_a_hooked_linear_is_not_bypassed(triton_glue, monkeypatch):
         calls.clear()
         g.decode(11, 3)
     assert seen == [1]
-    assert calls.count("norm_linear") == 2 * model.config.num_layers - 1
+    num_layers = model.config.num_layers
+    assert calls.count("norm_linear+rope+kv") == num_layers - 1  # layer 0's q|k|v: unfused
+    assert calls.count("norm_linear") == num_layers and calls.count("rope_kv+kv") == 1
 
 
 def test_prefill_rows_a_subclass_and_training_take_the_unfused_path(triton_glue, monkeypatch):
@@ -266,10 +478,12 @@ def test_prefill_rows_a_subclass_and_training_take_the_unfused_path(triton_glue,
 
 
 def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
-    """Every variant (prologue x weight kind) builds for H100 (sm_90) in bf16 and fp32, with the
-    tiles `_tiles` picks for SmolLM2: no TF32 (every product is an FMA: no tl.dot), no
-    register spills (cuobjdump's resource usage of the sm_90 cubin), 16-byte loads, and no barrier in a block that loads (a layout
-    conversion through shared memory in the loop)."""
+    """Every variant (prologue x weight kind, and q|k|v's with RoPE and the K/V store in its
+    epilogue) builds for H100 (sm_90) in bf16 and fp32, with the tiles `_tiles` picks for
+    SmolLM2: no TF32 (every product is an FMA: no tl.dot), no register spills (cuobjdump's
+    resource usage of the sm_90 cubin), 16-byte loads, and no barrier in a block that loads
+    (a layout conversion through shared memory in the loop; the epilogue's split of the
+    RoPE pairs comes after the loop)."""
     code = """
         import re
         import subprocess
@@ -284,36 +498,47 @@ def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
 
         fn = dg._decode_gemv_kernel
         BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"  # Triton's own tools
-        # SmolLM2's products (prologue, with delta, N, K): q|k|v after layer 0's norm and
-        # after the open residual add, gate|up, down, o_proj; with the tiles _launch picks
-        products = ((1, False, 960, 576), (1, True, 960, 576), (1, True, 3072, 576),
-                    (2, False, 576, 1536), (0, False, 576, 576))
+        # SmolLM2's products (prologue, with delta, N, K, RoPE): q|k|v after layer 0's norm
+        # and after the open residual add, gate|up, down, o_proj; with the tiles _launch
+        # picks. RoPE: None, or q|k|v's epilogue (K/V store, the tables' dtype: "dt" for the
+        # model's, which rounds x * cos)
+        products = ((1, False, 960, 576, None), (1, True, 960, 576, None),
+                    (1, True, 3072, 576, None), (2, False, 576, 1536, None),
+                    (0, False, 576, 576, None), (1, True, 960, 576, (False, "*fp32")),
+                    (1, True, 960, 576, (True, "*fp32")), (1, False, 960, 576, (True, "dt")))
         for dt in ("*bf16", "*fp32"):
-            for prologue, delta, n, k_in in products:
+            for prologue, delta, n, k_in, rope in products:
                 for int4, zeros, group in ((False, False, 0), (True, True, 64),
                                            (True, False, 32)):
                     block_k = group if int4 else dg._dense_block_k(k_in)
                     block_n, warps = dg._tiles(n, block_k, int4)
                     w, s = ("*i32", "*fp32") if int4 else (dt, dt)
+                    store, table = rope or (False, "*fp32")
+                    table = dt if table == "dt" else table
                     types = dict(X=dt, Delta=dt, NormW=dt, Sum=dt, W=w, Scales=s, Zeros=s,
-                                 Y=dt, eps="fp32")
+                                 Y=dt, eps="fp32", Cos=table, Sin=table, KC=dt, VC=dt,
+                                 Slots="*i64")
                     consts = dict(PROLOGUE=prologue, HAS_DELTA=delta, INT4=int4,
                                   HAS_ZEROS=zeros, BLOCK_N=block_n, BLOCK_K=block_k,
                                   UNROLL=dg._int4_unroll(k_in, block_k) if int4 else 1,
-                                  NORM_BLOCK=dg._dense_block_k(k_in))
+                                  NORM_BLOCK=dg._dense_block_k(k_in), ROPE=rope is not None,
+                                  WRITE_KV=store, ROUND_PRODUCT=table != "*fp32")
                     consts["stride_wk"] = 1  # what a launch specializes a unit stride to
                     sig = {n: "constexpr" if n in consts else types.get(n, "i32")
                            for n in fn.arg_names}
                     aligned = [n for n in fn.arg_names if types.get(n, "").startswith("*")
                                or n in ("stride_xm", "stride_dm", "stride_sm", "stride_wn",
-                                        "stride_ym", "K", "N")]  # SmolLM2: all 16k
+                                        "stride_ym", "K", "N", "half", "stride_cr",
+                                        "stride_sr", "stride_ks", "stride_kh", "stride_vs",
+                                        "stride_vh")]  # SmolLM2: all 16k
                     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]]
                              for n in aligned}
                     k = triton.compile(ASTSource(fn, sig, consts, attrs),
                                        target=GPUTarget("cuda", 90, 32),
                                        options=dict(num_warps=warps))
                     ptx = k.asm["ptx"]
-                    what = f"{dt} prologue {prologue} N {n} K {k_in} int4 {int4} g{group}"
+                    what = (f"{dt} prologue {prologue} N {n} K {k_in} int4 {int4} g{group} "
+                            f"RoPE {rope} tables {table}")
                     assert ".tf32" not in ptx, what
                     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                         f.write(k.asm["cubin"])

@@ -2,7 +2,7 @@
 per batch-size bucket.
 
 Why: on a GPU a small model's decode step is launch-bound, not memory-bound. SmolLM2 ran
-~30 kernels per layer in plain PyTorch, ~900 per step (still ~200 with the fused glue and
+~30 kernels per layer in plain PyTorch, ~900 per step (still ~160 with the fused glue and
 the decode GEMV: `minillm.layers.fused`), each costing a few µs to launch from Python,
 while the step's weights take ~0.1 ms to read at 3 TB/s. A CUDA graph records the kernels
 once and replays them with one launch.

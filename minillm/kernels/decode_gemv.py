@@ -1,23 +1,27 @@
-"""The decode GEMV: a few rows times a weight matrix, with the glue before it done in its prologue.
+"""The decode GEMV: a few rows times a weight matrix, with the glue before it done in its
+prologue (and for q|k|v, RoPE and the K/V store after it in its epilogue).
 
 Why: replayed as a CUDA graph, a SmolLM2 decode step is a chain of ~280 small kernels, nine
 per layer (`glue.py`), and on an H100 each costs ~1.5 µs of launch and drain on top of its
 work, about as much as the work itself. Three of the nine exist only to feed a weight
 product: the input norm (with the residual add) before q|k|v, the post-attention norm (with
 its add) before gate|up, and SiLU·up before down. A GEMV can do that glue itself while it
-loads its input row, so a decode layer becomes six kernels:
+loads its input row; and one more only finishes q|k|v's output: RoPE and the K/V store
+(`glue.rope_kv`), which q|k|v's GEMV can do before it stores. So a decode layer becomes five
+kernels:
 
-    norm_linear(qkv) -> rope_kv -> attention -> o_proj -> norm_linear(gate_up)
+    norm_linear(qkv, rope) -> attention -> o_proj -> norm_linear(gate_up)
     -> silu_mul_linear(down)
 
     linear(x, w)                         y = x Wᵀ
     norm_linear(x, delta, nw, eps, w)    (s, y): s = x + delta (or x), y = RMSNorm(s) Wᵀ
+      ..., rope=Rope(...)                y's q and k heads rotated, k and v stored (below)
     silu_mul_linear(gate_up, w)          y = (silu(gate) * up) Wᵀ
 
 W is a float matrix [N, K] of x's dtype, or an `Int4Weight`: the packed 4-bit layout of
 `minillm.quant.packing` (uint8 [N, K / 2], fp32 scales and zeros [N, K / g]; zeros None for
 a symmetric weight, every zero 8), read as int32 words and unpacked in registers (the
-2^23 trick of `w4a16._unpack`). So a w4 model gets the same six kernels, reading a quarter
+2^23 trick of `w4a16._unpack`). So a w4 model gets the same five kernels, reading a quarter
 of the bytes.
 
 One program computes BLOCK_N outputs of one row (grid: N / BLOCK_N x M). The prologue with
@@ -26,6 +30,14 @@ stays in L1 / L2 for the second walk), then the main loop recomputes the normali
 chunk by chunk while it streams its BLOCK_N rows of W, and keeps a [BLOCK_N, BLOCK_K] fp32
 accumulator summed once at the end. The first tile of each row also stores that row's s
 (the residual stream the next layer adds to); every tile computes the same s.
+
+The RoPE epilogue (`Rope`): RoPE rotates the column pairs (d, d + D/2) of each head, so a
+program's BLOCK_N rows of W (even: whole pairs) are BLOCK_N / 2 such pairs, each pair's two
+rows side by side; after the sum, a reshape and `tl.split` hand each pair to its thread in
+registers (no shared memory or barrier added in the sm_90 PTX). The sums are rounded to the
+output dtype (what the unfused product stores), rotated by glue's own `rope_pair` (what
+`rope_kv` does with what it loads) and stored; k and v also go to the caches (glue's
+`store_kv`). The tables and the slot are loaded before the main loop.
 
 Invariants:
 - The input is rounded to the model dtype exactly where the unfused path rounds it (the sum
@@ -36,15 +48,19 @@ Invariants:
 - No tl.dot (every product is an FMA): any BLOCK size is valid, fp32 stays fp32 on a GPU.
 - A row's result depends on that row only, and the tiles depend on N, K and the weight's
   kind, never on M: a padded CUDA-graph batch gives a sequence the bits of a batch of one.
+- With RoPE the tiles, and each output's sum, are those of the plain product (only which
+  rows a program takes changes): the epilogue's output and caches are the bits of
+  `norm_linear` then `glue.rope_kv` (tests/test_decode_gemv.py).
 - No value of a CUDA tensor is read on the host and nothing is allocated but the outputs:
   safe inside a CUDA-graph capture.
 - Int4: BLOCK_K divides the group size (one scale per row per chunk of BLOCK_K columns;
   UNROLL chunks a step) and is a multiple of 8 (whole words); K is a multiple of it.
 
-Where it runs (`minillm.layers.fused.norm_linear` / `silu_mul_linear`): wherever the Triton
-glue runs (CUDA, eager or in a graph; not inside torch.compile), for at most MAX_ROWS rows,
-and for a weight that is a plain `Linear`'s or a 4-bit `QuantLinear`'s with no hooks.
-`MINILLM_FUSED_GEMV=0` switches it off (the A/B of the GPU check). The tiles are chosen
+Where it runs (`minillm.layers.fused.norm_linear`, `norm_linear_rope`, `silu_mul_linear`):
+wherever the Triton glue runs (CUDA, eager or in a graph; not inside torch.compile), for at
+most MAX_ROWS rows, and for a weight that is a plain `Linear`'s or a 4-bit `QuantLinear`'s
+with no hooks. `MINILLM_FUSED_GEMV=0` switches it off (the A/B of the GPU check),
+`MINILLM_FUSED_ROPE=0` the RoPE epilogue alone. The tiles are chosen
 from the shape (`_tiles`), not measured yet: the GPU check times this path against cuBLAS +
 glue in the same run.
 """
@@ -58,11 +74,13 @@ import triton.language as tl
 
 from ._checks import _check_device_dtype
 from ._grid import cdiv, next_power_of_2
-from .glue import add_rounded, normed_times_weight, silu_times_up
+from .glue import (add_rounded, normed_times_weight, rope_args, rope_pair, rope_tables,
+                   silu_times_up, store_kv)
 from .interpreter import interpreter_enabled
 from .w4a16 import _as_words, _block_k, _check_args, _unpack
 
-__all__ = ["Int4Weight", "int4_weight", "linear", "norm_linear", "silu_mul_linear", "MAX_ROWS"]
+__all__ = ["Int4Weight", "int4_weight", "Rope", "linear", "norm_linear", "silu_mul_linear",
+           "MAX_ROWS"]
 
 MAX_ROWS = 4  # from here the unfused path (cuBLAS, w4a16's tiles): W re-read per row
 MAX_DENSE_BLOCK_K = 1024  # columns per step of a float weight (`_dense_block_k`)
@@ -79,6 +97,17 @@ class Int4Weight(NamedTuple):
     scales: torch.Tensor            # fp32 [N, K / group_size]
     zeros: torch.Tensor | None      # fp32 like scales; None: symmetric (every zero 8)
     group_size: int
+
+
+class Rope(NamedTuple):
+    """RoPE on the q and k heads of q|k|v's product, and the K/V store: what
+    `glue.rope_kv(y.view(M, H, D), num_q, num_kv, cos, sin, kv)` does after it."""
+    num_q: int
+    num_kv: int
+    head_dim: int
+    cos: torch.Tensor               # [M, head_dim] rows at each token's position, fp32 or
+    sin: torch.Tensor               # x's dtype (both alike)
+    kv: tuple | None = None         # (k_cache, v_cache [num_slots, num_kv, D], slot_mapping [M])
 
 
 def int4_weight(qweight, scales, zeros, group_size: int) -> Int4Weight | None:
@@ -113,13 +142,32 @@ def _decode_gemv_kernel(X, Delta, NormW, Sum, W, Scales, Zeros, Y,
                         N, K, eps, group_size,
                         stride_xm, stride_dm, stride_sm, stride_wn, stride_wk,
                         stride_sn, stride_zn, stride_ym,
+                        Cos, Sin, KC, VC, Slots, num_q, num_rot, half,
+                        stride_cr, stride_sr, stride_ks, stride_kh, stride_vs, stride_vh,
                         PROLOGUE: tl.constexpr, HAS_DELTA: tl.constexpr, INT4: tl.constexpr,
                         HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
-                        NORM_BLOCK: tl.constexpr):
+                        NORM_BLOCK: tl.constexpr, ROPE: tl.constexpr,
+                        WRITE_KV: tl.constexpr, ROUND_PRODUCT: tl.constexpr):
     pid_n = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
-    n_offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if ROPE:
+        # The tile's rows are RoPE pairs: row 2p is pair j = pid_n * BLOCK_N / 2 + p's x[d]
+        # (head j // (D/2), d = j % (D/2)), row 2p + 1 its partner x[d + D/2]. A tile's
+        # weights are still contiguous along K: the main loop does not change.
+        r = tl.arange(0, BLOCK_N)
+        row_pair = pid_n * (BLOCK_N // 2) + r // 2
+        n_offs = (row_pair // half) * (2 * half) + row_pair % half + (r % 2) * half
+        # the epilogue's pairs, tables and slot, loaded before the loop (in flight with it)
+        pair = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        head, hd = pair // half, pair % half  # (hd: `d` is the prologue's delta chunk)
+        pair_ok = pair < N // 2
+        c1, c2, s1, s2 = rope_tables(Cos, Sin, row * stride_cr, row * stride_sr, hd, half,
+                                     pair_ok)
+        if WRITE_KV:
+            slot = tl.load(Slots + row).to(tl.int64)
+    else:
+        n_offs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n_offs < N
     n64 = n_offs.to(tl.int64)
     k_offs = tl.arange(0, BLOCK_K)
@@ -174,8 +222,19 @@ def _decode_gemv_kernel(X, Delta, NormW, Sum, W, Scales, Zeros, Y,
             w = tl.load(W + n64[:, None] * stride_wn + cols * stride_wk,
                         mask=n_mask[:, None] & mask, other=0.0)
             acc += w.to(tl.float32) * h
-    y = tl.sum(acc, axis=1)
-    tl.store(Y + row * stride_ym + n_offs, y.to(Y.dtype.element_ty), mask=n_mask)
+    y = tl.sum(acc, axis=1).to(Y.dtype.element_ty)  # rounded as the unfused product's output
+    if ROPE:  # then rotated exactly as glue.rope_kv rotates what it loads
+        x1, x2 = tl.split(tl.reshape(y, [BLOCK_N // 2, 2]))
+        y1, y2 = rope_pair(x1, x2, c1, c2, s1, s2, ROUND_PRODUCT)
+        rotated = head < num_rot  # q and k heads; v as it is
+        out = Y + row * stride_ym + head.to(tl.int64) * (2 * half) + hd
+        tl.store(out, tl.where(rotated, y1, x1), mask=pair_ok)
+        tl.store(out + half, tl.where(rotated, y2, x2), mask=pair_ok)
+        if WRITE_KV:
+            store_kv(KC, VC, slot, head, hd, half, num_q, num_rot, pair_ok, y1, y2, x1, x2,
+                     stride_ks, stride_kh, stride_vs, stride_vh)
+    else:
+        tl.store(Y + row * stride_ym + n_offs, y, mask=n_mask)
 
 
 @triton.jit
@@ -260,14 +319,31 @@ def _weight_args(weight, x: torch.Tensor):
                                  0, 0), False, False, _dense_block_k(weight.shape[1]))
 
 
-def _launch(x2, delta2, norm_weight, eps, weight, prologue, k):
+def _rope_args(rope: Rope | None, m: int, n: int, y: torch.Tensor) -> tuple[tuple, dict]:
+    """The epilogue's kernel arguments (`glue.rope_args`) after checking rope against the
+    product's output y [M, N]; placeholders without rope."""
+    if rope is None:
+        return (y,) * 5 + (0, 0, 1) + (0,) * 6, dict(ROPE=False, WRITE_KV=False,
+                                                      ROUND_PRODUCT=False)
+    heads = rope.num_q + 2 * rope.num_kv
+    if heads * rope.head_dim != n:
+        raise ValueError(f"RoPE's heads need N = (num_q + 2 num_kv) * head_dim = ({rope.num_q} "
+                         f"+ 2 * {rope.num_kv}) * {rope.head_dim} = {heads * rope.head_dim} "
+                         f"output columns, but the weight has N = {n}")
+    args, consts = rope_args(m, rope.num_q, rope.num_kv, rope.head_dim, y, rope.cos, rope.sin,
+                             rope.kv)
+    return args, dict(ROPE=True, **consts)
+
+
+def _launch(x2, delta2, norm_weight, eps, weight, prologue, k, rope=None):
     """y [M, N] (and s, x2 + delta2, when delta2 is given) for x2's rows: one kernel. k: the
-    GEMV's input width (x2's, or half of it for SiLU·up)."""
+    GEMV's input width (x2's, or half of it for SiLU·up); rope: the epilogue, or None."""
     n, group_size, (w, scales, zeros, swn, swk, ssn, szn), int4, has_zeros, block_k = \
         _weight_args(weight, x2[:, :k])
     m = x2.shape[0]
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     s = torch.empty_like(x2) if delta2 is not None else x2
+    epilogue, epilogue_consts = _rope_args(rope, m, n, y)
     if m == 0 or n == 0:
         return s, y
     d = delta2 if delta2 is not None else x2
@@ -275,10 +351,11 @@ def _launch(x2, delta2, norm_weight, eps, weight, prologue, k):
     block_n, warps = _tiles(n, block_k, int4)
     _decode_gemv_kernel[(cdiv(n, block_n), m)](
         x2, d, nw, s, w, scales, zeros, y, n, k, float(eps), group_size,
-        x2.stride(0), d.stride(0), s.stride(0), swn, swk, ssn, szn, y.stride(0),
+        x2.stride(0), d.stride(0), s.stride(0), swn, swk, ssn, szn, y.stride(0), *epilogue,
         PROLOGUE=prologue, HAS_DELTA=delta2 is not None, INT4=int4, HAS_ZEROS=has_zeros,
         BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=_int4_unroll(k, block_k) if int4 else 1,
-        NORM_BLOCK=_dense_block_k(k) if prologue == _NORM else 16, num_warps=warps)
+        NORM_BLOCK=_dense_block_k(k) if prologue == _NORM else 16, **epilogue_consts,
+        num_warps=warps)
     return s, y
 
 
@@ -291,9 +368,11 @@ def linear(x: torch.Tensor, weight) -> torch.Tensor:
 
 
 def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor,
-                eps: float, weight) -> tuple[torch.Tensor, torch.Tensor]:
+                eps: float, weight, rope: Rope | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(s, RMSNorm(s) Wᵀ) with s = x + delta (delta None: s = x), in one kernel. x, delta
-    [..., K] of one dtype; norm_weight [K] of that dtype."""
+    [..., K] of one dtype; norm_weight [K] of that dtype. With rope (W: q|k|v's weight), the
+    product's q and k heads come out rotated and, with rope.kv, k and v are stored in the
+    caches: the bits of this product then `glue.rope_kv` on its [M, H, D] view."""
     k = x.shape[-1] if x.dim() else 0
     x2 = _rows(x, "x", k)
     delta2 = None
@@ -307,7 +386,7 @@ def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.
             or norm_weight.stride(0) != 1):
         raise ValueError(f"norm_weight must be a contiguous [{k}] {x.dtype} tensor on {x.device} "
                          f"like x, got {getattr(norm_weight, 'shape', norm_weight)!r}")
-    s, y = _launch(x2, delta2, norm_weight, eps, weight, _NORM, k)
+    s, y = _launch(x2, delta2, norm_weight, eps, weight, _NORM, k, rope)
     lead = x.shape[:-1]
     return s.reshape(*lead, k), y.reshape(*lead, y.shape[-1])
 

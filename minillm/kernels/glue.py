@@ -11,7 +11,9 @@ writes are two more). These kernels do each group in one launch, so a decode lay
 
 nine kernels (the first add_rms_norm adds the previous layer's MLP output to the residual
 stream: `DecoderLayer.forward_open`). For a few rows (a decode step) the two norms and
-silu_mul go further, into the products that read them (`decode_gemv.py`): six kernels.
+silu_mul go further, into the products that read them, and rope_kv into q|k|v's product,
+after it (`decode_gemv.py`): five kernels. RoPE's arithmetic and its K/V store are @jit
+helpers here (`rope_pair`, `store_kv`), used by both kernels: one definition of the rounding.
 The kernels:
 
     rms_norm(x, w, eps)                  RMSNorm of each row
@@ -105,11 +107,56 @@ def _rms_norm_kernel(X, Delta, W, Out, Sum, width, eps,
 
 
 @triton.jit
-def _rope_kv_kernel(Heads, Cos, Sin, KC, VC, Slots,
-                    num_q, num_rot, num_heads, half,
-                    stride_hr, stride_hh, stride_cr, stride_sr,
-                    stride_ks, stride_kh, stride_vs, stride_vh, WRITE_KV: tl.constexpr,
-                    ROUND_PRODUCT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def rope_tables(Cos, Sin, cos_row, sin_row, d, half, mask):
+    """The tables at pair d of a token's row: cos[d], cos[d + D/2], sin[d], sin[d + D/2] in
+    fp32 (cos_row, sin_row: the row's offsets)."""
+    c1 = tl.load(Cos + cos_row + d, mask=mask, other=0.0).to(tl.float32)
+    c2 = tl.load(Cos + cos_row + half + d, mask=mask, other=0.0).to(tl.float32)
+    s1 = tl.load(Sin + sin_row + d, mask=mask, other=0.0).to(tl.float32)
+    s2 = tl.load(Sin + sin_row + half + d, mask=mask, other=0.0).to(tl.float32)
+    return c1, c2, s1, s2
+
+
+@triton.jit
+def rope_pair(x1, x2, c1, c2, s1, s2, ROUND_PRODUCT: tl.constexpr):
+    """RoPE of the pairs (x1, x2) = (x[d], x[d + D/2]) (values of the heads' dtype) -> (y1, y2)
+    of that dtype: addcmul(x * cos, roll(x, D/2), sin) with sin = [-sin, sin] folded in the
+    table (`model.apply_rope`), in fp32, rounded once. Tables in the heads' dtype (a model
+    cast whole by .to(dtype)) make x * cos a product of that dtype, rounded before the sum
+    (ROUND_PRODUCT). The sum is one explicit FMA: every kernel that rotates with this helper
+    (`_rope_kv_kernel`, the decode GEMV's epilogue) rounds the same way, not as the
+    compiler's contraction of a * b + c happens to choose in each."""
+    dtype = x1.dtype
+    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
+    p1, p2 = x1f * c1, x2f * c2
+    if ROUND_PRODUCT:
+        p1 = p1.to(dtype).to(tl.float32)
+        p2 = p2.to(dtype).to(tl.float32)
+    return tl.fma(x2f, s1, p1).to(dtype), tl.fma(x1f, s2, p2).to(dtype)
+
+
+@triton.jit
+def store_kv(KC, VC, slot, h, d, half, num_q, num_rot, in_row, k1, k2, v1, v2,
+             stride_ks, stride_kh, stride_vs, stride_vh):
+    """A token's K/V into row `slot` of the caches (in their dtype): its pairs (k1, k2) where
+    head h is a k head (num_q <= h < num_rot: the rotated values), (v1, v2) where it is a v
+    head (h >= num_rot); in_row masks the pairs that exist."""
+    is_k = in_row & (h >= num_q) & (h < num_rot)
+    k_ptr = KC + slot * stride_ks + tl.where(is_k, h - num_q, 0).to(tl.int64) * stride_kh + d
+    tl.store(k_ptr, k1.to(KC.dtype.element_ty), mask=is_k)
+    tl.store(k_ptr + half, k2.to(KC.dtype.element_ty), mask=is_k)
+    is_v = in_row & (h >= num_rot)
+    v_ptr = VC + slot * stride_vs + tl.where(is_v, h - num_rot, 0).to(tl.int64) * stride_vh + d
+    tl.store(v_ptr, v1.to(VC.dtype.element_ty), mask=is_v)
+    tl.store(v_ptr + half, v2.to(VC.dtype.element_ty), mask=is_v)
+
+
+@triton.jit
+def _rope_kv_kernel(Heads, num_heads, stride_hr, stride_hh,
+                    Cos, Sin, KC, VC, Slots, num_q, num_rot, half,
+                    stride_cr, stride_sr, stride_ks, stride_kh, stride_vs, stride_vh,
+                    WRITE_KV: tl.constexpr, ROUND_PRODUCT: tl.constexpr,
+                    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_HALF)[None, :]
@@ -119,32 +166,14 @@ def _rope_kv_kernel(Heads, Cos, Sin, KC, VC, Slots,
     x_ptr = Heads + row * stride_hr + h.to(tl.int64) * stride_hh + d
     x1 = tl.load(x_ptr, mask=in_row, other=0.0)
     x2 = tl.load(x_ptr + half, mask=in_row, other=0.0)
-    c1 = tl.load(Cos + row * stride_cr + d, mask=d_ok, other=0.0).to(tl.float32)
-    c2 = tl.load(Cos + row * stride_cr + half + d, mask=d_ok, other=0.0).to(tl.float32)
-    s1 = tl.load(Sin + row * stride_sr + d, mask=d_ok, other=0.0).to(tl.float32)
-    s2 = tl.load(Sin + row * stride_sr + half + d, mask=d_ok, other=0.0).to(tl.float32)
-    # addcmul(x * cos, roll(x, D/2), sin), with sin = [-sin, sin] folded in the table
-    # (model.apply_rope). Tables in the heads' dtype (a model cast whole by .to(dtype)) make
-    # x * cos a product of that dtype, rounded before the sum.
-    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
-    p1, p2 = x1f * c1, x2f * c2
-    if ROUND_PRODUCT:
-        p1 = p1.to(Heads.dtype.element_ty).to(tl.float32)
-        p2 = p2.to(Heads.dtype.element_ty).to(tl.float32)
-    y1 = (p1 + x2f * s1).to(Heads.dtype.element_ty)
-    y2 = (p2 + x1f * s2).to(Heads.dtype.element_ty)
+    c1, c2, s1, s2 = rope_tables(Cos, Sin, row * stride_cr, row * stride_sr, d, half, d_ok)
+    y1, y2 = rope_pair(x1, x2, c1, c2, s1, s2, ROUND_PRODUCT)
     tl.store(x_ptr, y1, mask=rotated)
     tl.store(x_ptr + half, y2, mask=rotated)
     if WRITE_KV:
         slot = tl.load(Slots + row).to(tl.int64)
-        is_k = rotated & (h >= num_q)
-        k_ptr = KC + slot * stride_ks + tl.where(is_k, h - num_q, 0).to(tl.int64) * stride_kh + d
-        tl.store(k_ptr, y1.to(KC.dtype.element_ty), mask=is_k)
-        tl.store(k_ptr + half, y2.to(KC.dtype.element_ty), mask=is_k)
-        is_v = in_row & (h >= num_rot)
-        v_ptr = VC + slot * stride_vs + tl.where(is_v, h - num_rot, 0).to(tl.int64) * stride_vh + d
-        tl.store(v_ptr, x1.to(VC.dtype.element_ty), mask=is_v)
-        tl.store(v_ptr + half, x2.to(VC.dtype.element_ty), mask=is_v)
+        store_kv(KC, VC, slot, h, d, half, num_q, num_rot, in_row, y1, y2, x1, x2,
+                 stride_ks, stride_kh, stride_vs, stride_vh)
 
 
 @triton.jit
@@ -207,6 +236,44 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
     return s, out
 
 
+def rope_args(rows: int, num_q: int, num_kv: int, dim: int, heads: torch.Tensor,
+              cos: torch.Tensor, sin: torch.Tensor, kv) -> tuple[tuple, dict]:
+    """Check RoPE's tables and K/V target for `rows` tokens of q|k|v heads [rows, num_q +
+    2 num_kv, dim] of heads' dtype and device; return the kernel arguments `Cos, Sin, KC, VC,
+    Slots, num_q, num_rot, half, stride_cr, stride_sr, stride_ks, stride_kh, stride_vs,
+    stride_vh` (as `_rope_kv_kernel` and the decode GEMV's epilogue take them) and the
+    constexprs WRITE_KV, ROUND_PRODUCT."""
+    if dim <= 0 or dim % 2 or num_q < 0 or num_kv < 0:
+        raise ValueError(f"RoPE needs an even head_dim (it rotates pairs (d, d + D/2)) and "
+                         f"num_q, num_kv >= 0, got head_dim {dim}, num_q {num_q}, "
+                         f"num_kv {num_kv}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if (t.shape != (rows, dim) or t.dtype not in (torch.float32, heads.dtype)
+                or t.dtype != cos.dtype or t.stride(-1) != 1 or t.device != heads.device):
+            raise ValueError(f"{name} must be [{rows}, {dim}] float32 (or heads' {heads.dtype}, "
+                             f"both alike) on {heads.device} with a contiguous last dimension, "
+                             f"got {tuple(t.shape)} {t.dtype} on {t.device}")
+    if kv is None:
+        kc = vc = slots = heads
+        kstr = vstr = (0, 0)
+    else:
+        kc, vc, slots = kv
+        for name, c in (("k_cache", kc), ("v_cache", vc)):
+            if (c.dim() != 3 or c.shape[1:] != (num_kv, dim) or c.stride(-1) != 1
+                    or c.device != heads.device):
+                raise ValueError(f"{name} must be [num_slots, {num_kv}, {dim}] (viewed flat) "
+                                 f"on {heads.device} with a contiguous last dimension, got "
+                                 f"{tuple(c.shape)} on {c.device}")
+        if (slots.shape != (rows,) or slots.dtype.is_floating_point or slots.dtype == torch.bool
+                or slots.device != heads.device):
+            raise ValueError(f"slot_mapping must be an integer [{rows}] on {heads.device}, got "
+                             f"{tuple(slots.shape)} {slots.dtype} on {slots.device}")
+        kstr, vstr = (kc.stride(0), kc.stride(1)), (vc.stride(0), vc.stride(1))
+    args = (cos, sin, kc, vc, slots, num_q, num_q + num_kv, dim // 2,
+            cos.stride(0), sin.stride(0), *kstr, *vstr)
+    return args, dict(WRITE_KV=kv is not None, ROUND_PRODUCT=cos.dtype != torch.float32)
+
+
 def rope_kv(heads: torch.Tensor, num_q: int, num_kv: int, cos: torch.Tensor, sin: torch.Tensor,
             kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """RoPE in place on the first num_q + num_kv heads of heads [N, num_q + 2 num_kv, D]
@@ -221,32 +288,11 @@ def rope_kv(heads: torch.Tensor, num_q: int, num_kv: int, cos: torch.Tensor, sin
                          f"D even, got {tuple(heads.shape)}")
     _rows(heads, "heads")
     n, num_heads, dim = heads.shape
-    for name, t in (("cos", cos), ("sin", sin)):
-        if (t.shape != (n, dim) or t.dtype not in (torch.float32, heads.dtype)
-                or t.dtype != cos.dtype or t.stride(-1) != 1):
-            raise ValueError(f"{name} must be [{n}, {dim}] float32 (or heads' {heads.dtype}, "
-                             f"both alike) with a contiguous last dimension, got "
-                             f"{tuple(t.shape)} {t.dtype}")
-    if kv is None:
-        kc = vc = slots = heads
-        kstr = vstr = (0, 0)
-    else:
-        kc, vc, slots = kv
-        for name, c in (("k_cache", kc), ("v_cache", vc)):
-            if c.dim() != 3 or c.shape[1:] != (num_kv, dim) or c.stride(-1) != 1:
-                raise ValueError(f"{name} must be [num_slots, {num_kv}, {dim}] (viewed flat) "
-                                 f"with a contiguous last dimension, got {tuple(c.shape)}")
-        if slots.shape != (n,) or slots.dtype.is_floating_point:
-            raise ValueError(f"slot_mapping must be an integer [{n}], got {tuple(slots.shape)} "
-                             f"{slots.dtype}")
-        kstr, vstr = (kc.stride(0), kc.stride(1)), (vc.stride(0), vc.stride(1))
+    args, consts = rope_args(n, num_q, num_kv, dim, heads, cos, sin, kv)
     if n:
         bh, bd = next_power_of_2(num_heads), next_power_of_2(dim // 2)
-        _rope_kv_kernel[(n,)](heads, cos, sin, kc, vc, slots, num_q, num_q + num_kv, num_heads,
-                              dim // 2, heads.stride(0), heads.stride(1), cos.stride(0),
-                              sin.stride(0), *kstr, *vstr, WRITE_KV=kv is not None,
-                              ROUND_PRODUCT=cos.dtype != torch.float32, BLOCK_H=bh,
-                              BLOCK_HALF=bd, num_warps=_warps(bh * bd))
+        _rope_kv_kernel[(n,)](heads, num_heads, heads.stride(0), heads.stride(1), *args,
+                              **consts, BLOCK_H=bh, BLOCK_HALF=bd, num_warps=_warps(bh * bd))
     return heads
 
 

@@ -33,13 +33,16 @@ CUDA-graph decode step pays for (see that module). Anywhere else the reference r
 Where the Triton glue runs, a few rows (a decode step) go one step further: the glue that
 only feeds a weight product runs inside that product's kernel (`norm_linear`,
 `silu_mul_linear`; `minillm.kernels.decode_gemv`), for a plain `Linear` or a 4-bit
-`QuantLinear` (their `gemv_weight`). A decode layer on CUDA is then six kernels, not nine.
+`QuantLinear` (their `gemv_weight`), and RoPE with the K/V store, which only finishes
+q|k|v's output, runs at the end of that product's kernel (`norm_linear_rope`). A decode
+layer on CUDA is then five kernels, not nine.
 
 RoPE can also store the layer's new K/V: an attention context that owns a cache hands the
 layer a `KVWrite` (`ctx.kv_write(layer)`: the cache viewed as rows [num_slots, Hkv, D] and
 each token's row, its slot); `rope_(..., kv_write)` then rotates q|k and stores k and v in
-the same pass, and the context's `attend` skips its own write. Where no kernel applies,
-`KVWrite.store` is the plain write (`index_copy_`). The CPU's contexts hand out no
+the same pass (or q|k|v's decode GEMV does, `norm_linear_rope`), and the context's
+`attend` skips its own write. Where no kernel applies, `KVWrite.store` is the plain write
+(`index_copy_`). The CPU's contexts hand out no
 `KVWrite` (`stores_kv` is False there), so the CPU path is the one it always was.
 """
 from __future__ import annotations
@@ -204,8 +207,10 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- the glue inside the GEMV
 
 # MINILLM_FUSED_GEMV=0 keeps the decode GEMV out (the GPU check's A/B): the glue kernels
-# above and the weight products as separate kernels.
+# above and the weight products as separate kernels. MINILLM_FUSED_ROPE=0 keeps RoPE and the
+# K/V store out of q|k|v's GEMV only (`rope_kv` after it, as its own kernel).
 FUSED_GEMV = os.environ.get("MINILLM_FUSED_GEMV", "1") != "0"
+FUSED_ROPE = os.environ.get("MINILLM_FUSED_ROPE", "1") != "0"
 
 
 def _decode_gemv():
@@ -235,15 +240,24 @@ def gemv_weight(linear, x: torch.Tensor, *others: torch.Tensor):
     return w
 
 
+def _norm_gemv_weight(linear, x, delta, norm_weight):
+    """`gemv_weight` for the product after a norm (and the add of delta), or None where the
+    norm's inputs do not fit the kernel."""
+    w = gemv_weight(linear, x, norm_weight, *([] if delta is None else [delta]))
+    if (w is not None and norm_weight.dtype == x.dtype and norm_weight.is_contiguous()
+            and (delta is None or (delta.shape == x.shape and delta.dtype == x.dtype
+                                   and delta.stride(-1) == 1))):
+        return w
+    return None
+
+
 def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor,
                 eps: float, linear) -> tuple[torch.Tensor, torch.Tensor]:
     """(s, linear(rms_norm(s))) with s = x + delta (x when delta is None): a layer's norm
     and the weight product that reads it. One kernel where the decode GEMV applies; the
     norm's glue and `linear` otherwise."""
-    w = gemv_weight(linear, x, norm_weight, *([] if delta is None else [delta]))
-    if (w is not None and norm_weight.dtype == x.dtype and norm_weight.is_contiguous()
-            and (delta is None or (delta.shape == x.shape and delta.dtype == x.dtype
-                                   and delta.stride(-1) == 1))):
+    w = _norm_gemv_weight(linear, x, delta, norm_weight)
+    if w is not None:
         out = _gemv_or_none(lambda: _decode_gemv().norm_linear(x, delta, norm_weight, eps, w))
         if out is not None:
             return out
@@ -251,6 +265,32 @@ def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.
         return x, linear(rms_norm(x, norm_weight, eps))
     x, h = add_rms_norm(x, delta, norm_weight, eps)
     return x, linear(h)
+
+
+def norm_linear_rope(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor,
+                     eps: float, linear, num_q: int, num_kv: int, cos: torch.Tensor,
+                     sin: torch.Tensor, kv_write: KVWrite | None
+                     ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """`norm_linear` for q|k|v's product [..., (num_q + 2 num_kv) * D], and where the decode
+    GEMV applies, RoPE (cos/sin [..., D]: `rope_`'s) and the K/V store in its epilogue: (s,
+    qkv, True) with q and k rotated in qkv and, with kv_write, k and v in the cache; one
+    kernel. Elsewhere (s, qkv, False): the caller rotates (`rope_`) and stores K/V."""
+    w = _norm_gemv_weight(linear, x, delta, norm_weight) if FUSED_ROPE else None
+    heads, n = num_q + 2 * num_kv, getattr(linear, "out_features", 0)
+    dim = n // heads if heads > 0 and n % heads == 0 else 0
+    if (w is not None and dim and dim % 2 == 0 and cos.shape == (*x.shape[:-1], dim)
+            and sin.shape == cos.shape and sin.dtype == cos.dtype
+            and cos.dtype in (torch.float32, x.dtype) and cos.device == x.device
+            and cos.stride(-1) == 1 and sin.stride(-1) == 1):
+        kv = None if kv_write is None else (kv_write.k_cache, kv_write.v_cache,
+                                            kv_write.slot_mapping)
+        rope = _decode_gemv().Rope(num_q, num_kv, dim, cos.reshape(-1, dim),
+                                   sin.reshape(-1, dim), kv)
+        out = _gemv_or_none(lambda: _decode_gemv().norm_linear(x, delta, norm_weight, eps, w,
+                                                               rope=rope), "FUSED_ROPE")
+        if out is not None:
+            return (*out, True)
+    return (*norm_linear(x, delta, norm_weight, eps, linear), False)
 
 
 def silu_mul_linear(gate_up: torch.Tensor, linear) -> torch.Tensor:
@@ -264,23 +304,32 @@ def silu_mul_linear(gate_up: torch.Tensor, linear) -> torch.Tensor:
     return linear(silu_mul(gate_up))
 
 
-def _gemv_or_none(call):
-    """call()'s result, or None once the decode GEMV has failed here: it is switched off for
-    the process (FUSED_GEMV), with one warning naming the error, and the caller runs the
-    unfused path. A kernel that does not compile on some Triton or GPU (it is checked on
-    sm_90 ahead of time, not on every stack) must cost a decode step its fusion, not its
-    result. Inside a CUDA-graph capture the error propagates: a failed launch there has
-    already spoiled the capture (the graphs warm up eagerly first, so the first call of
-    each kernel, and its compile, happen before any capture)."""
-    global FUSED_GEMV
+# What each switch turns off, and what runs instead (`_gemv_or_none`'s warning).
+_FALLBACKS = {
+    "FUSED_GEMV": ("the decode GEMV", "the glue and the weight products run as separate "
+                   "kernels"),
+    "FUSED_ROPE": ("the decode GEMV's RoPE epilogue", "RoPE and the K/V store run as their own "
+                   "kernel after q|k|v's product"),
+}
+
+
+def _gemv_or_none(call, switch: str = "FUSED_GEMV"):
+    """call()'s result, or None once the decode GEMV has failed here: `switch` (FUSED_GEMV,
+    or FUSED_ROPE for q|k|v's RoPE epilogue alone) is turned off for the process, with one
+    warning naming the error, and the caller runs the unfused path. A kernel that does not
+    compile on some Triton or GPU (it is checked on sm_90 ahead of time, not on every stack)
+    must cost a decode step its fusion, not its result. Inside a CUDA-graph capture the
+    error propagates: a failed launch there has already spoiled the capture (the graphs
+    warm up eagerly first, so the first call of each kernel, and its compile, happen before
+    any capture)."""
     try:
         return call()
     except Exception as e:  # noqa: BLE001  (any failure: fall back, said once, below)
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             raise
-        FUSED_GEMV = False
-        warnings.warn(f"the decode GEMV failed ({type(e).__name__}: {str(e)[:300]}); it is "
-                      "switched off for this process (MINILLM_FUSED_GEMV=0 does this from "
-                      "the start): the glue and the weight products run as separate "
-                      "kernels", RuntimeWarning, stacklevel=3)
+        globals()[switch] = False
+        what, instead = _FALLBACKS[switch]
+        warnings.warn(f"{what} failed ({type(e).__name__}: {str(e)[:300]}); it is switched off "
+                      f"for this process (MINILLM_{switch}=0 does this from the start): "
+                      f"{instead}", RuntimeWarning, stacklevel=3)
         return None
