@@ -378,7 +378,10 @@ def check_w4a16(run) -> None:
 # SmolLM2's three products that the decode GEMV takes with their glue: (name, N, K, prologue),
 # and o_proj, which has no glue before it (the model leaves it to cuBLAS / the W4A16
 # kernel): whether the GEMV alone is faster there too.
-GEMV_PRODUCTS = [("qkv", 960, 576, "add+norm"), ("gate_up", 3072, 576, "add+norm"),
+# q|k|v as the model runs it: RoPE and the K/V store in the product's epilogue (SmolLM2's
+# 9 + 2 * 3 heads: D = N / 15); the unfused side then runs glue.rope_kv after the product.
+GEMV_HEADS = (9, 3)
+GEMV_PRODUCTS = [("qkv", 960, 576, "add+norm+rope"), ("gate_up", 3072, 576, "add+norm"),
                  ("down", 576, 1536, "silu·up"), ("o_proj", 576, 576, "none")]
 
 
@@ -404,11 +407,24 @@ def gemv_case(run, name, n, k, prologue, m, weight, dtype) -> dict:
         fused_w = lambda c: c  # noqa: E731
         product = F.linear
         copies = [w] + [w.clone() for _ in range(input_copies(run, w.numel() * w.element_size()) - 1)]
-    if prologue == "add+norm":
+    if prologue.startswith("add+norm"):
         x, d = randn(run, m, k, dtype=dtype), randn(run, m, k, dtype=dtype)
         nw = 1 + 0.1 * randn(run, k, dtype=dtype)
-        fused = lambda c: dg.norm_linear(x, d, nw, 1e-5, fused_w(c))[1]  # noqa: E731
-        unfused = lambda c: product(glue.add_rms_norm(x, d, nw, 1e-5)[1], c)  # noqa: E731
+        rope, finish = None, lambda y: y  # noqa: E731
+        if prologue.endswith("+rope"):  # the model's fp32 tables; K/V to slots 0..m-1
+            num_q, num_kv = GEMV_HEADS
+            dim = n // (num_q + 2 * num_kv)
+            angles = torch.rand(m, dim // 2, device=run.device) * 6.28
+            cos = torch.cat([angles.cos()] * 2, -1)
+            sin = torch.cat([-angles.sin(), angles.sin()], -1)
+            caches = [torch.zeros(m + 1, num_kv, dim, device=run.device, dtype=dtype)
+                      for _ in range(2)]
+            kv = (*caches, torch.arange(m, device=run.device))
+            rope = dg.Rope(num_q, num_kv, dim, cos, sin, kv)
+            finish = lambda y: glue.rope_kv(  # noqa: E731
+                y.view(m, -1, dim), num_q, num_kv, cos, sin, kv).view(m, n)
+        fused = lambda c: dg.norm_linear(x, d, nw, 1e-5, fused_w(c), rope=rope)[1]  # noqa: E731
+        unfused = lambda c: finish(product(glue.add_rms_norm(x, d, nw, 1e-5)[1], c))  # noqa: E731
     elif prologue == "silu·up":
         gu = randn(run, m, 2 * k, dtype=dtype)
         fused = lambda c: dg.silu_mul_linear(gu, fused_w(c))  # noqa: E731
@@ -443,9 +459,10 @@ def check_decode_gemv(run) -> None:
                  lambda name=name, n=n, k=k, prologue=prologue, m=m, weight=weight:
                  gemv_case(run, name, n, k, prologue, m, weight, dtype))
     run.notes.append("decode GEMV (minillm.kernels.decode_gemv): the glue before a weight "
-                     "product done in the product's kernel; us: the fused call, unfused_us: "
-                     "the Triton glue kernel then cuBLAS (dense) or the W4A16 kernel (w4, g64 "
-                     "asym; o_proj: no glue, the product alone), both GPU time per call "
+                     "product done in the product's kernel (and for qkv, RoPE and the K/V "
+                     "store after it); us: the fused call, unfused_us: the Triton glue kernel "
+                     "then cuBLAS (dense) or the W4A16 kernel (w4, g64 asym; o_proj: no glue, "
+                     "the product alone), then for qkv glue.rope_kv, all GPU time per call "
                      "replayed from a CUDA graph over weight "
                      "copies larger than L2; vs_unfused > 1: the fused call is faster; "
                      "rel_err against the unfused result, relative to its max")
