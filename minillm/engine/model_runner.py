@@ -130,9 +130,10 @@ def sample_on_device(logits: torch.Tensor, requests: list[tuple[Request, int]]) 
     is read back. Greedy rows share one argmax; a sampled row draws with its request's
     generator (on the model's device), in the order of `requests`."""
     greedy = logits.argmax(-1)
-    if all(req.params.temperature == 0 for req, _ in requests):
-        rows = [row for _, row in requests]
-        return greedy if rows == list(range(len(greedy))) else greedy[rows]
+    if all(req.params.temperature == 0 for req, _ in requests) and \
+            [row for _, row in requests] == list(range(len(greedy))):
+        return greedy
+    # Rows by slicing, never by a host list of indices (that copy would wait for the GPU).
     picks = [greedy[row:row + 1] if req.params.temperature == 0 else
              sample_next_tensor(logits[row], req.params.temperature, req.params.top_k,
                                 req.params.top_p, req.generator).to(logits.device)

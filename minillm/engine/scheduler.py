@@ -285,10 +285,11 @@ class Scheduler:
         15 decode steps in 16, at block_size 16. A block whose last token is a placeholder
         (async scheduling) is not offered: the request's next `append_slots` caches it."""
         c, bs = req.num_computed_tokens, self.block_manager.block_size
-        end = min(c + n, req.num_tokens - req.num_pending_tokens)
-        if end // bs <= c // bs:
+        if (c + n) // bs == c // bs:
             return
-        self.block_manager.cache_blocks(req.seq_id, req.token_prefix(req.num_tokens), end)
+        end = min(c + n, req.num_tokens - req.num_pending_tokens)
+        if end // bs > c // bs:
+            self.block_manager.cache_blocks(req.seq_id, req.token_prefix(req.num_tokens), end)
 
     def _admit(self, req: Request, token_budget: int | None = None, watermark: int = 0) -> bool:
         """Allocate blocks for req's cached prefix and its first `token_budget` tokens
