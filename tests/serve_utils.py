@@ -12,10 +12,11 @@ from minillm.serve.metrics import parse_prometheus
 MODEL = "smollm2-135m-instruct"
 
 
-def start_server(smollm, **options) -> tuple[ThreadedServer, LLMEngine]:
+def start_server(smollm, engine_options=None, **options) -> tuple[ThreadedServer, LLMEngine]:
+    """options: the ServeConfig's; engine_options: more EngineConfig options."""
     model, tok = smollm
     config = ServeConfig(**options)
-    engine = LLMEngine(model, tok, **config.engine_options())
+    engine = LLMEngine(model, tok, **config.engine_options(), **(engine_options or {}))
     return ThreadedServer(create_app(engine, tok, config)), engine
 
 

@@ -107,6 +107,25 @@ def test_padded_decode_matches_eager_across_bucket_edges(model, workload, n):
     assert graphs.num_padded_steps < padded.num_steps  # prefill steps stayed eager
 
 
+@pytest.mark.parametrize("n", [1, 3, 17, 40])
+def test_async_scheduling_on_the_padded_path(model, workload, n):
+    """Async scheduling (`minillm.engine.overlap`): a padded decode step's pending input
+    ids are gathered from the step in flight's ids on the device, after the copy and
+    before the replay. Same tokens as eager, across the bucket edges."""
+    prompts, params, ref = workload
+    e = engine(model, max_num_seqs=n, enforce_eager=False, async_scheduling=True)
+    for i in range(n):
+        e.add_request(f"r{i}", prompts[i], params[i])
+    tokens = {}
+    while e.has_unfinished_requests():
+        for out in e.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+        e.block_manager.check_invariants()
+    assert [tokens[f"r{i}"] for i in range(n)] == ref[:n]
+    assert e.runner.graphs.num_padded_steps > 0, "no decode-only step took the padded path"
+    assert e.num_free_blocks() == e.block_manager.num_blocks
+
+
 def test_padded_rows_leave_the_cache_as_eager(model, workload):
     """11 sequences (buckets 16, 8, 4, 2, 1 as they finish): every block of the cache holds
     the same K/V bits as after the eager run, and only the trash row took the padding."""
@@ -283,10 +302,10 @@ def test_a_step_makes_no_host_sync(model, workload):
     drive([e], prompts[:8], params[:8])  # first: Triton's autotuning synchronizes
     real = e.runner.execute
 
-    def checked(out):
+    def checked(out, prev=None):  # prev: async scheduling's step in flight (the default)
         torch.cuda.set_sync_debug_mode("error")
         try:
-            return real(out)
+            return real(out, prev)
         finally:
             torch.cuda.set_sync_debug_mode("default")
 

@@ -292,3 +292,16 @@ def test_a_non_streamed_request_is_aborted_when_its_client_leaves(server):
     assert m["minillm:request_abort_total"] - before == 1
     assert m["minillm:num_requests_running"] == 0 and m["minillm:kv_cache_usage_perc"] == 0
     assert_no_leaked_blocks(engine)
+
+
+def test_async_scheduling_serves_alike(smollm):
+    """The worker drives an async-scheduling engine (the CUDA default; forced here) through
+    the same `step()`: greedy chat equals generate, cut streams free everything."""
+    srv, engine = start_server(smollm, {"async_scheduling": True}, max_num_seqs=8,
+                               num_blocks=256, max_queue_len=64)
+    try:
+        assert engine.config.async_scheduling is True
+        test_greedy_chat_equals_generate_token_for_token((srv, engine), smollm)
+        test_fifty_streams_cut_mid_way_free_everything((srv, engine))
+    finally:
+        srv.stop()

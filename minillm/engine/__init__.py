@@ -7,6 +7,7 @@
     staging.py       a step's inputs to the device in one copy from pinned memory
     config.py        EngineConfig: every engine option, checked once
     step.py          run_step: one step of the loop (shared with Lab 05's simulator)
+    overlap.py       async scheduling: launch step N+1 before reading step N's ids back
     llm_engine.py    LLMEngine: add_request / step / abort_request / generate / stats
 
 The attention context the runner plugs into the model is `minillm.attention.paged`.

@@ -20,6 +20,11 @@ rows to compute. `enforce_eager=False` on a CPU runs the same padded static deco
 without capture (the CPU tests check it against eager). Decode steps of more than
 `max_cudagraph_capture_size` sequences run eagerly (the engine warns once at start if
 `max_num_seqs` allows such steps).
+
+Async scheduling (`minillm.engine.overlap`). `async_scheduling=None` resolves to True on
+CUDA (the next step is launched before the last one's ids are read back, hiding the host's
+work behind the GPU's) and False on a CPU, where there is nothing to overlap with. True on
+a CPU runs the same overlapped bookkeeping synchronously (for testing, not speed).
 """
 from __future__ import annotations
 
@@ -50,6 +55,7 @@ class EngineConfig:
     decode_path: str | None = None             # None: the fastest this machine supports
     enforce_eager: bool | None = None          # None: CUDA graphs where they apply (above)
     max_cudagraph_capture_size: int = 512      # the largest decode batch with a graph
+    async_scheduling: bool | None = None       # None: True on CUDA, False on a CPU (above)
     max_finished_metrics: int = 10_000         # RequestMetrics kept for finished requests
 
     def __post_init__(self):
@@ -67,6 +73,9 @@ class EngineConfig:
         if self.enforce_eager is not None and not isinstance(self.enforce_eager, bool):
             raise ValueError(f"EngineConfig.enforce_eager must be None (CUDA graphs where they "
                              f"apply), True or False, got {self.enforce_eager!r}")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"EngineConfig.async_scheduling must be None (on where there is a "
+                             f"GPU), True or False, got {self.async_scheduling!r}")
         if self.scheduling not in SCHEDULING:
             raise ValueError(f"EngineConfig.scheduling (the batching policy) must be one of "
                              f"{SCHEDULING}, "

@@ -15,7 +15,7 @@ stay outside the graph too: they run on the rows that sample only.
 
 Static buffers. One int32 row per sequence, in a pinned host matrix and its device twin:
 
-    input_id | position | slot | context_len | sample_row | block_table[0 .. max_blocks-1]
+    input_id | position | slot | context_len | sample_row | source | block_table[0 .. max_blocks-1]
 
 The host fills the first n rows (once the previous copy out of them is done: a
 `CopyFence`); ONE copy moves the first bucket(n) rows to the device, where the captured
@@ -26,6 +26,11 @@ are padding: token 0 at position 0, slot `kv_cache.trash_slot` (its K/V land in 
 no block contains), context_len 1 over block 0 (a read that stays in bounds), and never
 sampled. So the block pool and every block of the cache end exactly as after the eager
 step.
+
+Async scheduling (`minillm.engine.overlap`): a row whose input token the host does not know
+yet (sampled by the step still in flight) has `source` = its index in that step's ids on
+the device; after the copy, and before the replay, one gather fills those rows' input ids
+from there (`_fill_pending`). Rows with source -1 keep the host's id.
 
 Capture (CUDA, `enforce_eager=False`): per bucket, largest first, one eager run of the body
 on a side stream (Triton autotuning, cuBLAS workspaces, lazy initialisation: nothing of
@@ -46,7 +51,7 @@ from ..attention.paged import PagedAttentionContext, PagedAttentionMetadata
 from ..paged.kv_cache import PagedKVCache
 from .staging import CopyFence
 
-COLUMNS = 5  # input_id, position, slot, context_len, sample_row; then the block table
+COLUMNS = 6  # input_id, position, slot, context_len, sample_row, source; then the table
 
 
 def capture_sizes(max_num_seqs: int, max_capture_size: int) -> list[int]:
@@ -85,10 +90,12 @@ class DecodeGraphs:
         """The batch size a step of n decode rows runs at (None: more than any bucket)."""
         return next((b for b in self.sizes if b >= n), None)
 
-    def run(self, seqs: list[tuple[object, int, int]], sample_rows: list[int]) -> torch.Tensor:
+    def run(self, seqs: list[tuple[object, int, int]], sample_rows: list[int],
+            pending: tuple[torch.Tensor, list[int]] | None = None) -> torch.Tensor:
         """seqs: (seq_id, position, input_id) per decode row, n <= the largest bucket; the
         block manager has each sequence's table. Returns the final hidden states [S, hidden]
-        of rows `sample_rows`, in that order."""
+        of rows `sample_rows`, in that order. pending: (ids on the device, one source per
+        row: the index in ids of its input token, or -1 to keep input_id)."""
         n, bs, rows, bm = len(seqs), self.kv_cache.block_size, self._rows, self.block_manager
         b = self.bucket(n)
         self._fence.wait()
@@ -108,9 +115,13 @@ class DecodeGraphs:
             rows[:n, :4] = head
         self._pad(n, b)
         rows[:len(sample_rows), 4] = sample_rows
+        if pending is not None:
+            rows[:n, 5] = pending[1]
         if self.dev is not self.host:
             self.dev[:b].copy_(self.host[:b], non_blocking=True)
             self._fence.copied()
+        if pending is not None:
+            self._fill_pending(n, pending[0])
         if b in self.graphs:
             self.graphs[b].replay()
             self.num_replays += 1
@@ -126,6 +137,13 @@ class DecodeGraphs:
         self._rows[start:end, :4] = (0, 0, self.kv_cache.trash_slot, 1)
         self._rows[start:end, COLUMNS] = 0
         self._row_versions[start:end] = [0] * (end - start)  # their tables are gone
+
+    def _fill_pending(self, n: int, ids: torch.Tensor) -> None:
+        """On the device, after the copy: rows 0..n-1 with a source >= 0 take their input
+        id from ids[source]. A fixed number of ops whatever the sources: no read-back."""
+        source = self.dev[:n, 5]
+        from_ids = ids.index_select(0, source.clamp(min=0)).to(self.dev.dtype)
+        self.dev[:n, 0] = torch.where(source >= 0, from_ids, self.dev[:n, 0])
 
     def _forward(self, b: int) -> None:
         """The body a graph captures: the model over the first b rows of the device buffer,

@@ -11,7 +11,8 @@ sampling rows) -> `Scheduler.advance` (num_computed_tokens) -> fork n > 1 sample
 `sample_tokens` -> `Scheduler.append_tokens` (stop checks, free finished blocks).
 
 Every option lives in one `EngineConfig` (`minillm.engine.config`); `engine.config` is the
-resolved one in use (max_model_len, num_blocks, decode_path and enforce_eager filled in).
+resolved one in use (max_model_len, num_blocks, decode_path, enforce_eager and
+async_scheduling filled in).
 `_resolve` is the one place that decides them; the runner only reads them.
 
 Sizing. `num_blocks=None` sizes the pool from a byte budget: `kv_cache_memory_bytes`, or by
@@ -41,6 +42,13 @@ CUDA graphs: with `enforce_eager=False` (the default on CUDA with the Triton bac
 decode-only steps replay a captured graph per batch bucket (`minillm.engine.cuda_graph`);
 see `EngineConfig` for how the default resolves and what a CPU does.
 
+Async scheduling (`async_scheduling`, `minillm.engine.overlap`; on by default on CUDA, off
+on a CPU): `step()` launches the next step, then reads back the step before it (the GPU is
+busy with the new one meanwhile) and returns that step's outputs. So a step's outputs come
+one `step()` later, `has_unfinished_requests()` stays True while a step is in flight, and a
+step with nothing to schedule only resolves. A token's time in the metrics is when the host
+learned it. `abort_request` drops the result of a step in flight for that request.
+
 Admission errors are raised by `add_request`, never later: a duplicate id, a prompt plus
 max_tokens beyond the model's context, a request that could not fit the pool even alone
 (it would wait forever), or, without chunked prefill, a request longer than the budget.
@@ -59,10 +67,11 @@ from ..paged.block_manager import BlockManager
 from ..paged.kv_cache import PagedKVCache
 from ..prompts import check_context_length, check_prompt
 from .config import EngineConfig
-from .model_runner import ModelRunner, sample_tokens
+from .model_runner import ModelRunner, sample_on_device, sample_tokens
+from .overlap import InFlight, launch_step, resolve_step
 from .request import Request, RequestMetrics, RequestOutput, SamplingParams
 from .scheduler import Scheduler
-from .step import run_step
+from .step import StepResult, run_step
 
 DEFAULT_CPU_KV_BYTES = 2 << 30
 CPU_BATCHED_TOKENS, GPU_BATCHED_TOKENS = 512, 8192  # max_num_batched_tokens=None (above)
@@ -107,6 +116,7 @@ class LLMEngine:
         # grow without limit; every finished RequestOutput also carries its own metrics.
         self.finished_metrics: dict[tuple[str, int], RequestMetrics] = {}
         self._pending_outputs: list[RequestOutput] = []  # aborts, reported by the next step
+        self._in_flight: InFlight | None = None  # async scheduling: the step not read back
         self.num_steps = self.num_batched_tokens = self.num_generated_tokens = 0
         self.num_computed_prompt_tokens = 0  # prompt tokens run through the model
         self.num_cow_copies = self._num_generate_calls = 0
@@ -149,7 +159,16 @@ class LLMEngine:
             warnings.warn(f"max_num_seqs={config.max_num_seqs} is above the largest CUDA-graph "
                           f"batch (max_cudagraph_capture_size={top}): decode steps of more "
                           f"than {top} sequences run eagerly", stacklevel=3)
-        return replace(config, decode_path=path, enforce_eager=eager)
+        return self._resolve_scheduling(replace(config, decode_path=path, enforce_eager=eager),
+                                        device)
+
+    @staticmethod
+    def _resolve_scheduling(config: EngineConfig, device: torch.device) -> EngineConfig:
+        """async_scheduling=None: on only where a GPU can run a step while the host
+        prepares the next (CUDA); a CPU does both itself."""
+        if config.async_scheduling is not None:
+            return config
+        return replace(config, async_scheduling=device.type == "cuda")
 
     def set_decode_path(self, path: str | None) -> None:
         """Switch how decode rows attend, between steps (the serving benchmark alternates
@@ -210,50 +229,85 @@ class LLMEngine:
         """Stop a request now and free its blocks; the next step() reports it ("abort")."""
         now = time.perf_counter()
         for req in self.requests.pop(request_id, []):
-            if not req.is_finished:
+            if not req.is_finished or req.num_pending_tokens:  # (a token in flight: dropped)
                 self.scheduler.finish(req, "abort", now)
                 self._record_finished(req)
                 self._pending_outputs.append(self._output(req, []))
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     # ---- the step ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Run one step; return the outputs of the step whose tokens the host now knows:
+        this one, or with async scheduling the one launched by the previous call."""
         outputs, self._pending_outputs = self._pending_outputs, []
-        step = run_step(self.scheduler, self.runner.execute, sample_tokens, time.perf_counter)
-        if step is None:
-            if self.scheduler.has_unfinished():
-                raise RuntimeError("the scheduler found nothing to run while requests wait: "
-                                   "a bug (add_request should have rejected them)")
-            return outputs
+        if self.config.async_scheduling:
+            launched, resolved = self._launch_and_resolve()
+        else:
+            launched = resolved = run_step(self.scheduler, self.runner.execute,
+                                           sample_tokens, time.perf_counter)
+        if launched is None and resolved is None and self.scheduler.has_unfinished():
+            raise RuntimeError("the scheduler found nothing to run while requests wait: "
+                               "a bug (add_request should have rejected them)")
+        if launched is not None:
+            self._count_launched(launched)
+        if resolved is not None:
+            outputs += self._resolved_outputs(resolved)
+        return outputs
+
+    def _launch_and_resolve(self) -> tuple[StepResult | None, StepResult | None]:
+        """Async scheduling: launch a step, then resolve the one in flight before it."""
+        prev, self._in_flight = self._in_flight, None
+        try:
+            self._in_flight = launch_step(self.scheduler, self.runner.execute,
+                                          sample_on_device, time.perf_counter, prev)
+        except BaseException:
+            # The new step was undone; prev ran: keep its tokens (the next step() reports
+            # them), so that no placeholder outlives the error and nothing is lost.
+            if prev is not None:
+                self._pending_outputs += self._resolved_outputs(
+                    resolve_step(self.scheduler, prev, time.perf_counter))
+            raise
+        resolved = None if prev is None else resolve_step(self.scheduler, prev,
+                                                           time.perf_counter)
+        return None if self._in_flight is None else self._in_flight.step, resolved
+
+    def _count_launched(self, step: StepResult) -> None:
         for child in step.forked:
             self.requests[child.request_id].append(child)
-        for req, t in step.sampled:
-            outputs.append(self._output(req, [t]))
-            if req.is_finished:
-                self._record_finished(req)
         sched = step.scheduled
         self.num_steps += 1
         self.num_batched_tokens += sched.num_batched_tokens
         self.num_computed_prompt_tokens += sum(
             max(0, min(s.start + s.num_new_tokens, s.request.num_prompt_tokens) - s.start)
             for s in sched.seqs)
-        self.num_generated_tokens += len(step.sampled)
         self.num_cow_copies += len(sched.copy_on_write)
+
+    def _resolved_outputs(self, step: StepResult) -> list[RequestOutput]:
+        outputs = []
+        for req, t in step.sampled:
+            outputs.append(self._output(req, [t]))
+            if outputs[-1].finished:
+                self._record_finished(req)
+        self.num_generated_tokens += len(step.sampled)
         return outputs
 
     def _output(self, req: Request, new: list[int]) -> RequestOutput:
-        return RequestOutput(req.request_id, new, req.is_finished, req.finish_reason,
-                             req.index, req.output_token_ids, len(req.output_token_ids),
-                             req.metrics if req.is_finished else None)
+        # Done once finished with no token in flight (async scheduling retires a request at
+        # max_tokens when its last token is launched, and reports it when that resolves).
+        done = req.is_finished and not req.num_pending_tokens
+        return RequestOutput(req.request_id, new, done, req.finish_reason if done else None,
+                             req.index, req.output_token_ids, req.num_resolved_tokens,
+                             req.metrics if done else None)
 
     def _record_finished(self, req: Request) -> None:
         self.finished_metrics[req.seq_id] = req.metrics
         while len(self.finished_metrics) > self.config.max_finished_metrics:
             del self.finished_metrics[next(iter(self.finished_metrics))]
         group = self.requests.get(req.request_id, [])
-        if all(r.is_finished for r in group) and not any(r.num_pending_forks for r in group):
+        if all(r.is_finished and not r.num_pending_tokens for r in group) \
+                and not any(r.num_pending_forks for r in group):
             self.requests.pop(req.request_id, None)
 
     # ---- convenience -------------------------------------------------------------------

@@ -21,7 +21,13 @@ skips a [512, 576] x [576, 49152] product (the LM head is ~20% of SmolLM2's weig
 
 Sampling is per request, with its own seeded generator (seed + sample index) on the model's
 device, so a request's tokens do not depend on what else is in the batch. Greedy rows are
-one argmax.
+one argmax. `sample_on_device` leaves the ids on the device; `sample_tokens` reads them back.
+
+Async scheduling (`minillm.engine.overlap`): `execute(out, prev)` runs while the step
+before (`prev`, its sampled ids still on the device) is unresolved. A decode row whose input
+token is a placeholder (`PENDING`) takes it from `prev.ids` on the device: the host sends
+its index in the step's one copy, and a gather writes it into the input ids before the
+forward pass. Nothing on the host ever reads the placeholder as a token.
 """
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ from ..attention.paged import PagedAttentionContext, PagedAttentionMetadata
 from ..paged.kv_cache import PagedKVCache
 from ..sampling import sample_next_tensor
 from .cuda_graph import DecodeGraphs
-from .request import Request
+from .request import PENDING, Request
 from .scheduler import SchedulerOutput
 from .staging import HostToDevice
 
@@ -48,9 +54,10 @@ class ModelRunner:
                                                                      block_manager, config)
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> torch.Tensor:
+    def execute(self, out: SchedulerOutput, prev=None) -> torch.Tensor:
         """Run the step; return logits [S, V] (fp32) for the S sequences of `out.seqs` that
-        sample, in their order in `out.seqs`."""
+        sample, in their order in `out.seqs`. prev: the step in flight's `SampledIds`
+        (async scheduling), where placeholder input tokens are found."""
         if not out.seqs:
             raise ValueError("nothing scheduled: the scheduler returned an empty step")
         if out.copy_on_write:  # before this step writes into the copies
@@ -59,14 +66,20 @@ class ModelRunner:
         if (self.graphs is not None and all(s.num_new_tokens == 1 for s in seqs)
                 and self.graphs.bucket(len(seqs)) is not None):
             sampling = [i for i, s in enumerate(seqs) if s.samples]
-            h = self.graphs.run([(s.request.seq_id, s.start,
-                                  s.request.token_ids(s.start, s.start + 1)[0])
-                                 for s in seqs], sampling)
+            rows = [(s.request.seq_id, s.start, s.request.token_ids(s.start, s.start + 1)[0])
+                    for s in seqs]
+            pending = None
+            if prev is not None:  # placeholders: id 0 on the host, the value from prev.ids
+                sources = [prev.source(seq_id) if t == PENDING else -1
+                           for seq_id, _, t in rows]
+                rows = [(seq_id, pos, max(t, 0)) for seq_id, pos, t in rows]
+                pending = (prev.ids, sources)
+            h = self.graphs.run(rows, sampling, pending)
         else:
-            h = self._eager(out)
+            h = self._eager(out, prev)
         return self.model.compute_logits(h).float()
 
-    def _eager(self, out: SchedulerOutput) -> torch.Tensor:
+    def _eager(self, out: SchedulerOutput, prev=None) -> torch.Tensor:
         """The step as one flattened, unpadded pass; hidden states of the sampling rows."""
         # Decodes first, by context length (the gather path groups similar lengths); then
         # prefill chunks in scheduler order.
@@ -74,9 +87,15 @@ class ModelRunner:
             out.seqs[i].num_new_tokens != 1,
             out.seqs[i].start if out.seqs[i].num_new_tokens == 1 else 0))
         ids, positions, meta_seqs, last_row = [], [], [], {}
+        dst, src = [], []  # placeholder inputs: ids[dst[j]] = prev.ids[src[j]]
         for i in order:
             s = out.seqs[i]
-            ids += s.request.token_ids(s.start, s.start + s.num_new_tokens)
+            tokens = s.request.token_ids(s.start, s.start + s.num_new_tokens)
+            if prev is not None and tokens[-1] == PENDING:  # only ever a decode's input
+                dst.append(len(ids) + len(tokens) - 1)
+                src.append(prev.source(s.request.seq_id))
+                tokens[-1] = 0
+            ids += tokens
             positions += range(s.start, s.start + s.num_new_tokens)
             last_row[i] = len(ids) - 1
             meta_seqs.append((self.block_manager.get_block_table(s.request.seq_id), s.start,
@@ -85,9 +104,13 @@ class ModelRunner:
         meta = PagedAttentionMetadata.build(meta_seqs, self.kv_cache.block_size,
                                             decode_groups=path == "gather")
         rows = [last_row[i] for i, s in enumerate(out.seqs) if s.samples]
+        gather = [torch.tensor(dst), torch.tensor(src)] if dst else []
         ids_t, pos_t, rows_t, *tensors = self.staging.send(
             [torch.tensor(ids), torch.tensor(positions), torch.tensor(rows, dtype=torch.long),
-             *meta.tensors()])
+             *gather, *meta.tensors()])
+        if dst:
+            dst_t, src_t, *tensors = tensors
+            ids_t = ids_t.index_copy(0, dst_t, prev.ids.index_select(0, src_t).to(ids_t.dtype))
         ctx = PagedAttentionContext(self.model.attn_backend, self.kv_cache,
                                     meta.with_tensors(tensors), path)
         h = self.model.hidden_states(ids_t[None], pos_t[None], ctx, check=False)
@@ -96,16 +119,23 @@ class ModelRunner:
 
 def sample_tokens(logits: torch.Tensor, requests: list[tuple[Request, int]]) -> list[int]:
     """One token per (request, logits row), chosen on the logits' device; the ids come back
-    to the host in one copy. Greedy rows share one argmax; a sampled row draws with its
-    request's generator (on the model's device)."""
+    to the host in one copy."""
     if not requests:
         return []
+    return sample_on_device(logits, requests).tolist()
+
+
+def sample_on_device(logits: torch.Tensor, requests: list[tuple[Request, int]]) -> torch.Tensor:
+    """One token id per (request, logits row), as a tensor on the logits' device: nothing
+    is read back. Greedy rows share one argmax; a sampled row draws with its request's
+    generator (on the model's device), in the order of `requests`."""
     greedy = logits.argmax(-1)
-    if all(req.params.temperature == 0 for req, _ in requests):
-        ids = greedy.tolist()
-        return [ids[row] for _, row in requests]
+    if all(req.params.temperature == 0 for req, _ in requests) and \
+            [row for _, row in requests] == list(range(len(greedy))):
+        return greedy
+    # Rows by slicing, never by a host list of indices (that copy would wait for the GPU).
     picks = [greedy[row:row + 1] if req.params.temperature == 0 else
              sample_next_tensor(logits[row], req.params.temperature, req.params.top_k,
                                 req.params.top_p, req.generator).to(logits.device)
              for req, row in requests]
-    return torch.cat(picks).tolist()
+    return torch.cat(picks)

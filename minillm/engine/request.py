@@ -17,6 +17,15 @@ Invariants:
   prompt's blocks (fork, then copy-on-write) and sample with seed + index.
 - A seeded request's generator lives on `device` (the model's), so its draws happen where
   the logits are, with no copy to the host (`minillm.engine.model_runner.sample_tokens`).
+
+Async scheduling (`minillm.engine.overlap`): a token sampled by the step in flight is
+appended as a placeholder, `PENDING`, and counted in `num_pending_tokens` until the host
+reads its value back (`resolve_token`). `num_tokens` counts placeholders, so the scheduler
+can schedule the next decode; only the last `num_pending_tokens` output tokens can be
+placeholders (at most two: the step in flight and the one just launched), and nothing that
+needs a token's value (prefix-cache hashes, stop checks, the runner's host input ids,
+outputs) may read them. PENDING is -1: as a token id it fails loudly (an embedding index,
+a block's hash check) instead of passing for a real token.
 """
 from __future__ import annotations
 
@@ -29,6 +38,8 @@ import torch
 
 from ..prompts import stop_token_set
 from ..sampling import make_generator, validate_sampling
+
+PENDING = -1  # an output token sampled by a step whose ids are not read back yet
 
 
 @dataclass(frozen=True)
@@ -118,6 +129,7 @@ class Request:
         self.request_id, self.index = request_id, index
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
+        self.num_pending_tokens = 0  # trailing placeholders in output_token_ids (PENDING)
         self.params = params
         self.stop_ids = params.stop_ids(eos_token_id)
         self.num_computed_tokens = 0
@@ -162,16 +174,58 @@ class Request:
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
+    @property
+    def num_resolved_tokens(self) -> int:
+        """Output tokens whose values are known (the rest are placeholders)."""
+        return len(self.output_token_ids) - self.num_pending_tokens
+
     def append_token(self, token_id: int, now: float) -> bool:
         """Record a sampled token; return True (and set finish_reason) if the request is done.
         A stop token is kept in the output, as `minillm.generate` does."""
         self.output_token_ids.append(token_id)
+        return self._token_known(len(self.output_token_ids) - 1, now)
+
+    def append_pending(self) -> bool:
+        """Append a placeholder for a token sampled on the device but not read back yet.
+        Returns True if it is the last one by length (max_tokens): the request is done
+        whatever its value, though the value may still make the reason "stop"."""
+        self.output_token_ids.append(PENDING)
+        self.num_pending_tokens += 1
+        return len(self.output_token_ids) >= self.params.max_tokens
+
+    def is_pending(self, pos: int) -> bool:
+        """Is output token `pos` a placeholder still waiting for its value? False once
+        resolved or dropped (`drop_pending`)."""
+        return pos < len(self.output_token_ids) and self.output_token_ids[pos] == PENDING
+
+    def resolve_token(self, pos: int, token_id: int, now: float) -> bool:
+        """The value of placeholder `pos` (the oldest pending one) is known: write it in,
+        then the same stop checks as `append_token`. A stop drops the placeholders after it
+        (a step launched before the stop was known sampled them: their values are never
+        used)."""
+        assert pos == self.num_resolved_tokens and self.output_token_ids[pos] == PENDING, \
+            f"placeholders resolve oldest first: got {pos} of {self!r}"
+        self.output_token_ids[pos] = token_id
+        self.num_pending_tokens -= 1
+        return self._token_known(pos, now)
+
+    def drop_pending(self) -> None:
+        """Forget the placeholders (the request ended: their steps' results are dropped)."""
+        if self.num_pending_tokens:
+            del self.output_token_ids[-self.num_pending_tokens:]
+            self.num_pending_tokens = 0
+
+    def _token_known(self, pos: int, now: float) -> bool:
+        """Output token `pos` has its value: True (and finish_reason) if it is the last."""
         self.metrics.token_times.append(now)
-        if token_id in self.stop_ids:
+        if self.output_token_ids[pos] in self.stop_ids:
             self.finish_reason = "stop"
-        elif len(self.output_token_ids) >= self.params.max_tokens:
+            self.drop_pending()
+        elif pos + 1 >= self.params.max_tokens:
             self.finish_reason = "length"
-        return self.finish_reason is not None
+        else:
+            return False
+        return True
 
     def fork(self, index: int, arrival_time: float) -> "Request":
         """Sample `index` of this prompt: same tokens and progress, its own generator."""
@@ -195,7 +249,8 @@ class TokenPrefix(Sequence):
     length, and the tokens of a block only when that block fills (one step in block_size).
     Building `all_token_ids` instead copied the whole sequence, twice per sequence per step:
     at 64 sequences of ~500 tokens, most of the scheduler's time. Valid while the request's
-    tokens are only appended to (they are: see the module doc)."""
+    tokens are only appended to (they are: see the module doc; a placeholder is
+    overwritten or dropped only after the schedule() that read it is over)."""
 
     __slots__ = ("_request", "_end")
 
@@ -227,7 +282,8 @@ class RequestOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     index: int = 0                    # which of the n samples
     # All generated so far: the first num_generated of the request's output list, which
-    # only grows (shared, not copied: a copy per token per step grew with the output).
+    # never change (shared, not copied: a copy per token per step grew with the output;
+    # only placeholders past them are ever overwritten or dropped).
     generated: Sequence[int] = field(default=(), repr=False)
     num_generated: int = 0
     metrics: RequestMetrics | None = None

@@ -37,6 +37,20 @@ because the engine rejects, at add time, any request that could not fit the pool
 running (its prompts reserved whole), and runs until every member finishes (the baseline
 continuous batching beats).
 
+Async scheduling (`minillm.engine.overlap`): step N+1 is scheduled while step N's sampled
+ids are still on the device, as placeholders (`Request.num_pending_tokens`, at most one
+step's worth when schedule() runs: the steps before N are resolved). A placeholder is
+only ever the input token of a decode, which the runner takes from step N's ids on the
+device. What reads token values never sees one: a block completed by a placeholder is not
+offered at schedule time but by the request's next `append_slots` (its value is known
+then); admission (`allocate` hashes the whole prompt) takes only requests without one,
+which holds because a request preempted with a pending token waits at least until the
+next schedule(), by which time step N is resolved (no admission follows a preemption in
+the same step). `append_placeholders` retires a request that reached max_tokens at once
+(blocks freed, never scheduled again); `resolve_tokens` writes the values in, runs the
+stop checks and drops the rows of requests that ended meanwhile (a stop found by step N
+ends a request that step N+1 already computed: that row's token is discarded).
+
 Invariants: between steps a RUNNING request holds a block table with a slot for every
 computed token; a WAITING one holds none; len(running) <= max_num_seqs except for n > 1
 samples forked after their prompt (they join the batch they were born in).
@@ -162,7 +176,10 @@ class Scheduler:
     def undo(self, out: SchedulerOutput) -> None:
         """The step's forward pass failed: put its requests back at the front of the queue,
         as if preempted, and take back the blocks offered to the prefix cache for it (their
-        KV was never written). The engine is then as consistent as before the step."""
+        KV was never written). The engine is then as consistent as before the step. (With
+        async scheduling a request put back may still hold the placeholder of the step in
+        flight; the engine resolves that step before the error propagates, so it has none
+        by the next schedule(), as `_admit` requires.)"""
         for s in reversed(out.seqs):
             req = s.request
             if req.status is RequestStatus.RUNNING:
@@ -192,14 +209,51 @@ class Scheduler:
                 finished.append(req)
         return finished
 
+    def append_placeholders(self, reqs: list[Request]) -> list[int]:
+        """Async scheduling: the step just launched sampled a token for each of `reqs`, on
+        the device. Append a placeholder each and return their positions in the outputs.
+        A request that reaches max_tokens is done whatever the value: it is retired now
+        (FINISHED, blocks freed, never scheduled again), its output waits for the value."""
+        positions = []
+        for req in reqs:
+            positions.append(len(req.output_token_ids))
+            if req.append_pending():
+                self._release(req)
+                req.status, req.finish_reason = RequestStatus.FINISHED, "length"
+        return positions
+
+    def resolve_tokens(self, rows: list[tuple[Request, int, int]],
+                       now: float) -> list[tuple[Request, int]]:
+        """Async scheduling: a step's ids are read back. Write each (request, position,
+        token) over its placeholder and finish the requests that are done; return the
+        (request, token) kept. The rows of requests that ended after the step was launched
+        (a stop found by the step before, an abort) have no placeholder left: dropped."""
+        kept = []
+        for req, pos, token in rows:
+            if not req.is_pending(pos):
+                continue
+            kept.append((req, token))
+            if req.resolve_token(pos, token, now):
+                self.finish(req, req.finish_reason, now)
+        return kept
+
     def finish(self, req: Request, reason: str, now: float) -> None:
+        """End req now and free its blocks. Placeholders it still holds are dropped (their
+        steps' results are discarded). With a step in flight that computes req, freeing is
+        safe: any later write into those blocks comes from a later step, queued after it
+        on the same stream."""
+        self._release(req)
+        req.drop_pending()
+        req.status, req.finish_reason = RequestStatus.FINISHED, reason
+        req.metrics.finished_time = now
+
+    def _release(self, req: Request) -> None:
+        """Take req out of running (freeing its blocks) or waiting."""
         if req.status is RequestStatus.RUNNING:
             self.block_manager.free(req.seq_id)
             self.running.remove(req)
         elif req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
-        req.status, req.finish_reason = RequestStatus.FINISHED, reason
-        req.metrics.finished_time = now
 
     # ---- helpers -----------------------------------------------------------------------
     def _reserve(self, req: Request, n: int, out: SchedulerOutput, scheduled: set[int]) -> bool:
@@ -228,17 +282,21 @@ class Scheduler:
         """Offer the full blocks this step completes to the prefix cache (see module doc).
         The full blocks before them were offered by the steps (or the admission) that
         scheduled their tokens, so a step that completes no block has nothing to offer:
-        15 decode steps in 16, at block_size 16."""
+        15 decode steps in 16, at block_size 16. A block whose last token is a placeholder
+        (async scheduling) is not offered: the request's next `append_slots` caches it."""
         c, bs = req.num_computed_tokens, self.block_manager.block_size
         if (c + n) // bs == c // bs:
             return
-        self.block_manager.cache_blocks(req.seq_id, req.token_prefix(req.num_tokens),
-                                        req.num_computed_tokens + n)
+        end = min(c + n, req.num_tokens - req.num_pending_tokens)
+        if end // bs > c // bs:
+            self.block_manager.cache_blocks(req.seq_id, req.token_prefix(req.num_tokens), end)
 
     def _admit(self, req: Request, token_budget: int | None = None, watermark: int = 0) -> bool:
         """Allocate blocks for req's cached prefix and its first `token_budget` tokens
         (None: all of them), leaving `watermark` blocks free, and move it to running
         (False: no room)."""
+        assert not req.num_pending_tokens, \
+            f"{req!r} was admitted with a placeholder token: its step is not resolved"
         try:
             num_cached = self.block_manager.allocate(req.seq_id, req.all_token_ids,
                                                      token_budget, watermark)

@@ -1,4 +1,5 @@
-"""A step's inputs to the device in one copy, from one pinned host buffer.
+"""A step's inputs to the device in one copy, from one pinned host buffer (and its sampled
+ids back in one copy: `ReadBack`, which async scheduling starts early and reads late).
 
 The engine builds a step's integer inputs on the host (token ids, positions, slot_mapping,
 block tables, cu_seqlens, the rows to sample). Sent one by one, each `torch.tensor(...,
@@ -68,3 +69,27 @@ class HostToDevice:
             self._fence.copied()
         return [dev[at:at + t.numel() * t.element_size()].view(t.dtype).view(orig.shape)
                 for t, at, orig in zip(flat, offsets, tensors)]
+
+
+class ReadBack:
+    """A device tensor's copy to the host, started now and read later (async scheduling).
+
+    The copy is queued on the stream right behind the work that produced the tensor, into
+    pinned memory, and an event marks its end. `tolist()` waits for that event only: for
+    this step's work, not for the next step, queued since. (A plain `.tolist()` issued
+    after the next step is queued would wait for that step too: no overlap.)"""
+
+    def __init__(self, t: torch.Tensor):
+        self._event: torch.cuda.Event | None = None
+        if t.device.type == "cuda":
+            self._host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self._host.copy_(t, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = t
+
+    def tolist(self) -> list:
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host.tolist()

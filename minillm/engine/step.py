@@ -11,6 +11,9 @@ scheduling, block allocation, preemption and finishing are then the same code in
 
 If `execute` raises, the step is undone (`Scheduler.undo`) before the error propagates:
 nothing is lost and the engine can go on.
+
+`run_forward` and `advance` are the parts of a step that `minillm.engine.overlap` (async
+scheduling: the next step launched before this one's ids are read back) shares with it.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from .scheduler import Scheduler, SchedulerOutput
 @dataclass
 class StepResult:
     scheduled: SchedulerOutput
-    now: float                                       # when the forward pass ended
+    now: float  # when the forward pass ended (async scheduling: when its ids were read back)
     sampled: list[tuple[Request, int]] = field(default_factory=list)  # (request, token)
     forked: list[Request] = field(default_factory=list)  # samples 1..n-1 born this step
 
@@ -42,21 +45,35 @@ def run_step(scheduler: Scheduler, execute: Callable[[SchedulerOutput], Any],
     out = scheduler.schedule()
     if not out.seqs:
         return None
+    result = run_forward(scheduler, out, execute)
+    step = StepResult(out, clock())
+    rows = advance(scheduler, step)
+    step.sampled = list(zip([req for req, _ in rows], sample(result, rows)))
+    scheduler.append_tokens(step.sampled, step.now)
+    return step
+
+
+def run_forward(scheduler: Scheduler, out: SchedulerOutput,
+                execute: Callable[[SchedulerOutput], Any]) -> Any:
+    """execute(out); if it raises, undo the step first (see the module doc)."""
     try:
-        result = execute(out)
+        return execute(out)
     except BaseException:
         scheduler.undo(out)
         raise
-    step = StepResult(out, clock())
-    scheduler.advance(out)
+
+
+def advance(scheduler: Scheduler, step: StepResult) -> list[tuple[Request, int]]:
+    """After the forward pass: count the computed tokens, fork the n > 1 samples whose
+    prompt is now computed (into step.forked), and return the (request, row) pairs that
+    sample, as `run_step`'s `sample` takes them."""
+    scheduler.advance(step.scheduled)
     rows = []
-    for row, s in enumerate([s for s in out.seqs if s.samples]):
+    for row, s in enumerate([s for s in step.scheduled.seqs if s.samples]):
         group = [s.request]
         if s.request.num_pending_forks:
             children = scheduler.fork(s.request, step.now)
             step.forked += children
             group += children
         rows += [(req, row) for req in group]
-    step.sampled = list(zip([req for req, _ in rows], sample(result, rows)))
-    scheduler.append_tokens(step.sampled, step.now)
-    return step
+    return rows

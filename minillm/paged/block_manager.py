@@ -112,6 +112,9 @@ class BlockManager:
         if len(token_ids) == 0:
             raise ValueError("cannot allocate an empty prompt: it needs at least one token")
         bs, tokens = self.block_size, tuple(int(t) for t in token_ids)
+        if min(tokens, default=0) < 0:
+            raise ValueError("a prompt with a negative token id (a placeholder?) cannot be "
+                             "hashed or computed; allocate only known tokens")
         if _cdiv(len(tokens), bs) > self.num_blocks:
             raise ValueError(f"a {len(tokens)}-token prompt needs {_cdiv(len(tokens), bs)} "
                              f"blocks of {bs} but the pool only has {self.num_blocks}: "
@@ -196,6 +199,10 @@ class BlockManager:
         num_cached = 0
         for i in range(len(seq.block_hashes), num_computed_tokens // bs):
             tokens = tuple(int(t) for t in token_ids[i * bs:(i + 1) * bs])
+            if min(tokens) < 0:  # the engine's placeholder for a token not read back yet
+                raise ValueError(f"block {i} of sequence tokens {tokens} holds a negative "
+                                 f"token id: a placeholder must never be hashed; cache a "
+                                 f"block only once its tokens are known")
             h = hash_block_tokens(seq.block_hashes[-1] if i else None, tokens)
             parent = self.pool.blocks[seq.block_table[i - 1]] if i else None
             num_cached += self.pool.cache_block(self.pool.blocks[seq.block_table[i]], h,
