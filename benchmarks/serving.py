@@ -125,8 +125,9 @@ def decoding_engine(model, batch: int, max_tokens: int, prompt_len: int = 128,
 
 
 def mean_step_ms(engine, steps: int) -> float:
-    """Mean ms of `steps` engine steps (step() returns after the sampled ids are on the host:
-    no extra sync needed)."""
+    """Mean ms of `steps` engine steps (step() returns after the sampled ids of a step are
+    on the host: this one's, or with async scheduling the one before's, so over many steps
+    the mean is the pipelined step time; no extra sync needed)."""
     t0 = time.perf_counter()
     for _ in range(steps):
         engine.step()
