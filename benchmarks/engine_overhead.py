@@ -13,6 +13,10 @@ and its GEMM-only replay (`benchmarks/serving.py`). It is measured here in two w
                   graph's body (the model's layers; one replay on a GPU) replaced by nothing:
                   everything else the engine does, the step's inputs, the LM head of a
                   1-layer, 64-wide model with a 512-token vocabulary, sampling, the outputs
+    async step    the same with async scheduling (`async_scheduling=True`, the default on
+                  CUDA): the host's work per step when it runs beside the GPU's (placeholder
+                  tokens, the device gather of the input ids, the read-back). On a GPU the
+                  step then takes about max(this, the GPU's time) instead of their sum
 
 at batch 1, 8 and 64, every sequence decoding (prompts of 128 tokens, timed from the
 `--position`-th generated token on: the per-token work that grows with a sequence's length
@@ -73,8 +77,10 @@ def bookkeeping_us(batch: int, position: int, steps: int, rounds: int) -> float:
                      steps, rounds)
 
 
-def host_step_us(batch: int, position: int, steps: int, rounds: int) -> float:
-    engine = tiny_engine(batch, position, steps * rounds, enforce_eager=False)
+def host_step_us(batch: int, position: int, steps: int, rounds: int,
+                 async_scheduling: bool = False) -> float:
+    engine = tiny_engine(batch, position, steps * rounds, enforce_eager=False,
+                         async_scheduling=async_scheduling)
     graphs = engine.runner.graphs
     graphs._forward = lambda b: None  # the replay: the hidden states stay as they were
     return median_us(engine.step, steps, rounds)
@@ -97,12 +103,15 @@ def main() -> int:
     print(f"{device_name('cpu')}, {torch.get_num_threads()} threads; µs per step "
           f"(per sequence), median of {args.rounds} x {args.steps} steps, every sequence at "
           f"{PROMPT_LEN} + {args.position} tokens")
-    print(f"{'batch':>5} | {'bookkeeping':>16} | {'host step':>16}")
+    print(f"{'batch':>5} | {'bookkeeping':>16} | {'host step':>16} | {'async step':>16}")
     for b in args.batches:
         book = bookkeeping_us(b, args.position, args.steps, args.rounds)
         host = host_step_us(b, args.position, args.steps, args.rounds)
-        rows.append({"batch": b, "bookkeeping_us": book, "host_step_us": host})
-        print(f"{b:>5} | {book:8.0f} ({book / b:5.1f}) | {host:8.0f} ({host / b:5.1f})")
+        overlap = host_step_us(b, args.position, args.steps, args.rounds, async_scheduling=True)
+        rows.append({"batch": b, "bookkeeping_us": book, "host_step_us": host,
+                     "async_step_us": overlap})
+        print(f"{b:>5} | {book:8.0f} ({book / b:5.1f}) | {host:8.0f} ({host / b:5.1f}) | "
+              f"{overlap:8.0f} ({overlap / b:5.1f})")
     if args.out:
         write_result(args.out, {"host": device_name("cpu"), "args": vars(args) | {
             "out": str(args.out)}, "rows": rows}, indent=1)
