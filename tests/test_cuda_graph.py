@@ -114,6 +114,13 @@ def test_async_scheduling_on_the_padded_path(model, workload, n):
     before the replay. Same tokens as eager, across the bucket edges."""
     prompts, params, ref = workload
     e = engine(model, max_num_seqs=n, enforce_eager=False, async_scheduling=True)
+    graphs = e.runner.graphs
+    fills, fill = [], graphs._fill_pending  # which gathers ran: the steady state's copy ...
+
+    def spy(rows, ids, sources):
+        fills.append(sources == list(range(rows)))
+        fill(rows, ids, sources)
+    graphs._fill_pending = spy
     for i in range(n):
         e.add_request(f"r{i}", prompts[i], params[i])
     tokens = {}
@@ -122,7 +129,9 @@ def test_async_scheduling_on_the_padded_path(model, workload, n):
             tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
         e.block_manager.check_invariants()
     assert [tokens[f"r{i}"] for i in range(n)] == ref[:n]
-    assert e.runner.graphs.num_padded_steps > 0, "no decode-only step took the padded path"
+    assert graphs.num_padded_steps > 0, "no decode-only step took the padded path"
+    assert True in fills  # ... and, once a request finished before the others, the gather
+    assert (False in fills) == (n > 1)
     assert e.num_free_blocks() == e.block_manager.num_blocks
 
 
