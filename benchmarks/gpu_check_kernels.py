@@ -47,6 +47,7 @@ from minillm.attention.paged import decode_attention_gathered
 from minillm.kernels import (flash_attention, flash_attention_varlen, naive_attention,
                              paged_decode_attention, w4a16_linear)
 from minillm.kernels.w4a16 import bucket_of_call as w4a16_bucket
+from minillm.model import rope_cos_sin
 from minillm.quant import packing, rtn
 from minillm.timing import time_fn, time_graph
 
@@ -414,9 +415,7 @@ def gemv_case(run, name, n, k, prologue, m, weight, dtype) -> dict:
         if prologue.endswith("+rope"):  # the model's fp32 tables; K/V to slots 0..m-1
             num_q, num_kv = GEMV_HEADS
             dim = n // (num_q + 2 * num_kv)
-            angles = torch.rand(m, dim // 2, device=run.device) * 6.28
-            cos = torch.cat([angles.cos()] * 2, -1)
-            sin = torch.cat([-angles.sin(), angles.sin()], -1)
+            cos, sin = (t[-m:] for t in rope_cos_sin(dim, 300 + m, 10000.0, run.device))
             caches = [torch.zeros(m + 1, num_kv, dim, device=run.device, dtype=dtype)
                       for _ in range(2)]
             kv = (*caches, torch.arange(m, device=run.device))
