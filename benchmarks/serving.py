@@ -73,7 +73,9 @@ def engine_with(model, reqs, **kw) -> LLMEngine:
 
 
 def run_engine(model, reqs, memory_log=None, schedule_log=None, **kw):
-    engine = engine_with(model, reqs, **kw)
+    t0 = time.perf_counter()
+    engine = engine_with(model, reqs, **kw)  # on CUDA: the graphs' capture (startup_s)
+    startup = time.perf_counter() - t0
     n, t0 = 0, time.perf_counter()
     while engine.has_unfinished_requests():
         computed, sampled = engine.num_batched_tokens, engine.num_generated_tokens
@@ -97,7 +99,8 @@ def run_engine(model, reqs, memory_log=None, schedule_log=None, **kw):
             "mean_tokens_per_step": s["mean_tokens_per_step"],
             "preemptions": s["num_preemptions"], "num_blocks": s["num_blocks"],
             "decode_path": engine.config.decode_path,
-            "enforce_eager": engine.config.enforce_eager}
+            "enforce_eager": engine.config.enforce_eager,
+            "piecewise_graphs": engine.config.piecewise_graphs, "startup_s": startup}
 
 
 def step_until_decoding(engine) -> None:

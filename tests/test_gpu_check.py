@@ -309,11 +309,13 @@ def test_cpu_dry_run_exercises_every_section_at_tiny_sizes(tmp_path):
     assert w4[1]["ok"] and all(r["vs_bf16"] > 0 for r in w4)
     assert "ok" not in w4[2]  # the A/B row's tokens are shown, not required to match
     serving_rows = {r["system"]: r for r in by["serving"]["rows"]}
-    assert list(serving_rows)[:6] == ["engine continuous, triton",
+    assert list(serving_rows)[:7] == ["engine continuous, triton",
                                       "engine continuous, triton, 2048-token steps",
                                       "engine continuous, triton, sync scheduling",
+                                      "engine continuous, triton, no piecewise graphs",
                                       "engine continuous, triton, eager", "HF one-at-a-time",
                                       "HF static-16"]
+    assert list(serving_rows)[-1] == "engine continuous, torch (gather)"
     breakdowns = {r["engine"]: r["breakdown"] for r in by["decode"]["rows"] if "breakdown" in r}
     assert list(breakdowns) == ["minillm eager, triton attention",
                                 "minillm CUDA graph, triton attention", w4[0]["engine"],

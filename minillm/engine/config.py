@@ -21,6 +21,12 @@ without capture (the CPU tests check it against eager). Decode steps of more tha
 `max_cudagraph_capture_size` sequences run eagerly (the engine warns once at start if
 `max_num_seqs` allows such steps).
 
+Piecewise CUDA graphs (`minillm.engine.piecewise`): prefill and mixed steps replay every op
+but attention from graphs captured per token bucket. `piecewise_graphs=None` resolves to
+True where decode steps use CUDA graphs on CUDA (`enforce_eager` resolved False), else
+False; a value given is honoured whatever `enforce_eager` is. True on a CPU runs the same
+padded pieces without capture (for testing, not speed).
+
 Async scheduling (`minillm.engine.overlap`). `async_scheduling=None` resolves to True on
 CUDA (the next step is launched before the last one's ids are read back, hiding the host's
 work behind the GPU's) and False on a CPU, where there is nothing to overlap with. True on
@@ -55,6 +61,7 @@ class EngineConfig:
     decode_path: str | None = None             # None: the fastest this machine supports
     enforce_eager: bool | None = None          # None: CUDA graphs where they apply (above)
     max_cudagraph_capture_size: int = 512      # the largest decode batch with a graph
+    piecewise_graphs: bool | None = None       # None: on where decode graphs are, on CUDA
     async_scheduling: bool | None = None       # None: True on CUDA, False on a CPU (above)
     max_finished_metrics: int = 10_000         # RequestMetrics kept for finished requests
 
@@ -73,6 +80,9 @@ class EngineConfig:
         if self.enforce_eager is not None and not isinstance(self.enforce_eager, bool):
             raise ValueError(f"EngineConfig.enforce_eager must be None (CUDA graphs where they "
                              f"apply), True or False, got {self.enforce_eager!r}")
+        if self.piecewise_graphs is not None and not isinstance(self.piecewise_graphs, bool):
+            raise ValueError(f"EngineConfig.piecewise_graphs must be None (on with CUDA graphs "
+                             f"on a GPU), True or False, got {self.piecewise_graphs!r}")
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
             raise ValueError(f"EngineConfig.async_scheduling must be None (on where there is a "
                              f"GPU), True or False, got {self.async_scheduling!r}")

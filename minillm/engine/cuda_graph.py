@@ -10,8 +10,9 @@ once and replays them with one launch.
 A decode-only step (every scheduled sequence computes one token) of n sequences runs as a
 batch of `bucket(n)` rows, the smallest capture size >= n: 1, 2, 4, 8, then every 16, up to
 min(max_num_seqs, max_cudagraph_capture_size) (that bound is a size too). Prefill and
-mixed steps stay eager: their shapes change with every chunk. The LM head and the sampler
-stay outside the graph too: they run on the rows that sample only.
+mixed steps are not one graph: their attention's shapes change with every chunk (every op
+but attention replays from graphs per token bucket: `minillm.engine.piecewise`). The LM
+head and the sampler stay outside the graph too: they run on the rows that sample only.
 
 Static buffers. One int32 row per sequence, in a pinned host matrix and its device twin:
 

@@ -11,8 +11,8 @@ sampling rows) -> `Scheduler.advance` (num_computed_tokens) -> fork n > 1 sample
 `sample_tokens` -> `Scheduler.append_tokens` (stop checks, free finished blocks).
 
 Every option lives in one `EngineConfig` (`minillm.engine.config`); `engine.config` is the
-resolved one in use (max_model_len, num_blocks, decode_path, enforce_eager and
-async_scheduling filled in).
+resolved one in use (max_model_len, num_blocks, decode_path, enforce_eager,
+piecewise_graphs and async_scheduling filled in).
 `_resolve` is the one place that decides them; the runner only reads them.
 
 Sizing. `num_blocks=None` sizes the pool from a byte budget: `kv_cache_memory_bytes`, or by
@@ -39,8 +39,10 @@ backend's own paged kernel, e.g. Triton) otherwise. The benchmark passes it expl
 switches it between steps with `set_decode_path` (which keeps `engine.config` current).
 
 CUDA graphs: with `enforce_eager=False` (the default on CUDA with the Triton backend)
-decode-only steps replay a captured graph per batch bucket (`minillm.engine.cuda_graph`);
-see `EngineConfig` for how the default resolves and what a CPU does.
+decode-only steps replay a captured graph per batch bucket (`minillm.engine.cuda_graph`),
+and with `piecewise_graphs` (on by default with them) prefill and mixed steps replay every
+op but attention from graphs per token bucket (`minillm.engine.piecewise`); see
+`EngineConfig` for how the defaults resolve and what a CPU does.
 
 Async scheduling (`async_scheduling`, `minillm.engine.overlap`; on by default on CUDA, off
 on a CPU): `step()` launches the next step, then reads back the step before it (the GPU is
@@ -159,8 +161,11 @@ class LLMEngine:
             warnings.warn(f"max_num_seqs={config.max_num_seqs} is above the largest CUDA-graph "
                           f"batch (max_cudagraph_capture_size={top}): decode steps of more "
                           f"than {top} sequences run eagerly", stacklevel=3)
-        return self._resolve_scheduling(replace(config, decode_path=path, enforce_eager=eager),
-                                        device)
+        pieces = config.piecewise_graphs
+        if pieces is None:
+            pieces = device.type == "cuda" and not eager
+        return self._resolve_scheduling(replace(config, decode_path=path, enforce_eager=eager,
+                                                piecewise_graphs=pieces), device)
 
     @staticmethod
     def _resolve_scheduling(config: EngineConfig, device: torch.device) -> EngineConfig:
@@ -176,7 +181,8 @@ class LLMEngine:
         runner is rebuilt (with CUDA graphs on, that re-captures them)."""
         self._requested = replace(self._requested, decode_path=path)
         config = self._resolve(replace(self.config, decode_path=path,
-                                       enforce_eager=self._requested.enforce_eager))
+                                       enforce_eager=self._requested.enforce_eager,
+                                       piecewise_graphs=self._requested.piecewise_graphs))
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, config)
         self.config = config
 

@@ -7,7 +7,10 @@ cache through the step's `PagedAttentionContext` (block tables, slot_mapping).
 
 A decode-only step goes through `DecodeGraphs` instead, unless the config says
 `enforce_eager`: its rows padded to a bucket size, replayed as a CUDA graph on a GPU
-(`minillm.engine.cuda_graph`). Prefill and mixed steps always run eagerly.
+(`minillm.engine.cuda_graph`). Prefill and mixed steps go through `PiecewiseGraphs` where
+the config says `piecewise_graphs` (the default on CUDA with graphs): the same flattened
+tokens padded to a token bucket, every op but attention replayed from graphs
+(`minillm.engine.piecewise`); otherwise they run eagerly, unpadded.
 
 No host syncs in a step: its inputs are built on the host and reach the device in one
 copy (`HostToDevice`, or the graph runner's own buffer), the model is called without its
@@ -37,14 +40,15 @@ from ..attention.paged import PagedAttentionContext, PagedAttentionMetadata
 from ..paged.kv_cache import PagedKVCache
 from ..sampling import sample_next_tensor
 from .cuda_graph import DecodeGraphs
+from .piecewise import PiecewiseGraphs
 from .request import PENDING, Request
 from .scheduler import SchedulerOutput
 from .staging import HostToDevice
 
 
 class ModelRunner:
-    """Runs steps as `config` (the engine's resolved config) says: its decode_path and
-    enforce_eager are read here, never changed."""
+    """Runs steps as `config` (the engine's resolved config) says: its decode_path,
+    enforce_eager and piecewise_graphs are read here, never changed."""
 
     def __init__(self, model, kv_cache: PagedKVCache, block_manager, config):
         self.model, self.kv_cache, self.block_manager = model, kv_cache, block_manager
@@ -52,6 +56,11 @@ class ModelRunner:
         self.staging = HostToDevice(model.device)
         self.graphs = None if config.enforce_eager else DecodeGraphs(model, kv_cache,
                                                                      block_manager, config)
+        self.pieces = None
+        if config.piecewise_graphs:
+            self.pieces = PiecewiseGraphs(model, kv_cache, config.max_num_batched_tokens)
+            if self.pieces.failed:  # it warned; the steps run as without it
+                self.pieces = None
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, prev=None) -> torch.Tensor:
@@ -80,7 +89,8 @@ class ModelRunner:
         return self.model.compute_logits(h).float()
 
     def _eager(self, out: SchedulerOutput, prev=None) -> torch.Tensor:
-        """The step as one flattened, unpadded pass; hidden states of the sampling rows."""
+        """The step as one flattened pass (unpadded, or padded to a token bucket through
+        `PiecewiseGraphs`); hidden states of the sampling rows."""
         # Decodes first, by context length (the gather path groups similar lengths); then
         # prefill chunks in scheduler order.
         order = sorted(range(len(out.seqs)), key=lambda i: (
@@ -105,16 +115,30 @@ class ModelRunner:
                                             decode_groups=path == "gather")
         rows = [last_row[i] for i, s in enumerate(out.seqs) if s.samples]
         gather = [torch.tensor(dst), torch.tensor(src)] if dst else []
-        ids_t, pos_t, rows_t, *tensors = self.staging.send(
-            [torch.tensor(ids), torch.tensor(positions), torch.tensor(rows, dtype=torch.long),
-             *gather, *meta.tensors()])
+        n = len(ids)
+        b = self.pieces.bucket(n) if self.pieces is not None else None
+        if b is None:
+            head = [torch.tensor(ids), torch.tensor(positions)]
+        else:  # one [3, b] matrix: ids, positions, slots; padding: token 0, position 0, trash
+            inputs = torch.zeros((3, b), dtype=torch.long)
+            inputs[0, :n], inputs[1, :n] = torch.tensor(ids), torch.tensor(positions)
+            inputs[2] = self.kv_cache.trash_slot
+            inputs[2, :n] = meta.slot_mapping
+            head = [inputs]
+        rows_t, *tensors = self.staging.send(
+            [torch.tensor(rows, dtype=torch.long), *head, *gather, *meta.tensors()])
+        head, tensors = tensors[:len(head)], tensors[len(head):]
+        ids_t = head[0] if b is None else head[0][0]
         if dst:
             dst_t, src_t, *tensors = tensors
-            ids_t = ids_t.index_copy(0, dst_t, prev.ids.index_select(0, src_t).to(ids_t.dtype))
+            ids_t.index_copy_(0, dst_t, prev.ids.index_select(0, src_t).to(ids_t.dtype))
         ctx = PagedAttentionContext(self.model.attn_backend, self.kv_cache,
                                     meta.with_tensors(tensors), path)
-        h = self.model.hidden_states(ids_t[None], pos_t[None], ctx, check=False)
-        return h[0].index_select(0, rows_t)
+        if b is None:
+            h = self.model.hidden_states(ids_t[None], head[1][None], ctx, check=False)[0]
+        else:
+            h = self.pieces.run(head[0], ctx, n)
+        return h.index_select(0, rows_t)
 
 
 def sample_tokens(logits: torch.Tensor, requests: list[tuple[Request, int]]) -> list[int]:
