@@ -267,6 +267,11 @@ def test_deployment_rejects_bad_choices():
         deploy_runs.Deployment(max_num_seqs=0)
     with pytest.raises(ValueError, match="spec_k"):
         deploy_runs.Deployment(spec_k=-1)
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens must be an int >= 1 or None"):
+        deploy_runs.Deployment(max_num_batched_tokens=0)
+    # The token budget defaults to the engine's for the device (512 on a CPU, 8192 on CUDA).
+    assert deploy_runs.Deployment().max_num_batched_tokens is None
+    assert "max_num_batched_tokens=default" in deploy_runs.Deployment().label()
 
 
 def test_capstone_workload_shares_one_system_prompt():

@@ -41,12 +41,14 @@ QUICK = os.environ.get("MINILLM_QUICK") == "1"
 
 @dataclasses.dataclass(frozen=True)
 class Deployment:
-    """One way to serve SmolLM2. Defaults are the engine's (``EngineConfig``) in fp32."""
+    """One way to serve SmolLM2. Defaults are the engine's (``EngineConfig``) in fp32; the
+    token budget's default (None) is the engine's for the device: 512 tokens a step on a
+    CPU, 8192 on CUDA."""
 
     weights: str = "fp32"              # "fp32", "bf16", "int8" or "int4" (RTN, groups of 64)
     spec_k: int = 0                    # draft tokens per pass; 0: no speculation
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
+    max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
 
     def __post_init__(self):
@@ -54,15 +56,19 @@ class Deployment:
             raise ValueError(f"weights must be one of {WEIGHTS}, got {self.weights!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             v = getattr(self, name)
+            if v is None and name == "max_num_batched_tokens":
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+                raise ValueError(f"{name} must be an int >= 1"
+                                 f"{' or None (the engine default)' if 'tokens' in name else ''}"
+                                 f", got {v!r}")
         if isinstance(self.spec_k, bool) or not isinstance(self.spec_k, int) or not 0 <= self.spec_k <= 16:
             raise ValueError(f"spec_k must be an int in 0..16 (0: no speculation), got {self.spec_k!r}")
 
     def label(self) -> str:
         spec = f", spec k={self.spec_k} (batch 1)" if self.spec_k else ""
         return (f"{self.weights}{spec}, max_num_seqs={self.max_num_seqs}, "
-                f"max_num_batched_tokens={self.max_num_batched_tokens}, "
+                f"max_num_batched_tokens={self.max_num_batched_tokens or 'default'}, "
                 f"prefix caching {'on' if self.enable_prefix_caching else 'off'}")
 
 
