@@ -87,8 +87,9 @@ def test_piecewise_graphs_resolve_with_the_decode_graphs(model):
     off = engine(model, piecewise_graphs=False)
     assert off.runner.pieces is None and off.config.piecewise_graphs is False
     on = engine(model, piecewise_graphs=True)
-    on.set_decode_path(None)  # a rebuilt runner keeps what was asked for
-    assert on.config.piecewise_graphs is True and on.runner.pieces is not None
+    pieces = on.runner.pieces
+    on.set_decode_path(None)  # a rebuilt runner keeps what was asked for, and the pieces
+    assert on.config.piecewise_graphs is True and on.runner.pieces is pieces
     with pytest.raises(ValueError, match="piecewise_graphs must be None"):
         minillm.EngineConfig(piecewise_graphs=1)
 
@@ -115,8 +116,10 @@ def test_padded_rows_leave_the_cache_as_eager(model, workload):
     """Every block of the cache holds the unpadded run's K/V: the padding went nowhere but
     the trash row."""
     prompts, params, ref = workload
-    pieces = engine(model, piecewise_graphs=True, enable_prefix_caching=False)
-    eager = engine(model, piecewise_graphs=False, enable_prefix_caching=False)
+    # enforce_eager=True: no decode graphs, whose padded rows write the trash row too.
+    kw = dict(enforce_eager=True, enable_prefix_caching=False)
+    pieces = engine(model, piecewise_graphs=True, **kw)
+    eager = engine(model, piecewise_graphs=False, **kw)
     for e in (pieces, eager):
         for i, (p, sp) in enumerate(zip(prompts[:6], params[:6])):
             e.add_request(f"r{i}", p, SamplingParams(max_tokens=40, ignore_eos=True))
@@ -166,18 +169,21 @@ def test_pieces_store_kv_through_the_static_slot_mapping(model, workload, monkey
     if not CUDA:
         monkeypatch.setattr(fused, "TRITON_ON_CPU", True)
     prompts, params, _ = workload
-    pieces = engine(model, piecewise_graphs=True)
+    pieces = engine(model, piecewise_graphs=True, enforce_eager=True)  # no decode graphs
     assert pieces.runner.pieces.glue_stores_kv
     got = serve(pieces, prompts[:4], params[:4])
-    assert got == serve(engine(model, piecewise_graphs=False), prompts[:4], params[:4])
+    assert got == serve(engine(model, enforce_eager=True), prompts[:4], params[:4])
     trash = pieces.kv_cache.trash_slot
     assert pieces.kv_cache._k_flat[0][trash].abs().sum() > 0, "padding writes the trash row"
 
 
 class LoggedGraph:
-    """Stands in for torch.cuda.CUDAGraph: logs capture and replay, runs nothing."""
+    """Stands in for torch.cuda.CUDAGraph: logs capture and replay, runs nothing (the ops
+    between capture_begin and capture_end simply run). `at_end` is called at each
+    capture_end: what the piece left in the buffers then is what a graph would hold."""
 
     log: list = []
+    at_end = None
 
     def __init__(self):
         self.index = sum(1 for e in self.log if e[0] == "begin")
@@ -187,6 +193,8 @@ class LoggedGraph:
 
     def capture_end(self):
         self.log.append(("end", self.index))
+        if LoggedGraph.at_end is not None:
+            LoggedGraph.at_end(self.index)
 
     def replay(self):
         self.log.append(("replay", self.index))
@@ -201,23 +209,31 @@ def test_capture_cuts_the_forward_at_every_attention_and_replay_interleaves(mode
     e = engine(model, piecewise_graphs=True)
     pg, layers = e.runner.pieces, model.config.num_layers
     monkeypatch.setattr(torch.cuda, "CUDAGraph", LoggedGraph)
-    LoggedGraph.log = log = []
+    monkeypatch.setattr(LoggedGraph, "log", [])
+    log, seen = LoggedGraph.log, []
+    # What each piece has written into the static buffers when it ends: attention's
+    # inputs (q) must be among its last kernels, before capture_end, not after.
+    monkeypatch.setattr(LoggedGraph, "at_end", lambda i: seen.append(pg.q[:, :16].clone()))
+    pg.q.zero_()
     boundary = piecewise._Boundary(pg, 16, "capture")
     boundary.begin()
     with torch.inference_mode():
         pg._forward(boundary)
     boundary.end()
+    boundary.end()  # a second end does nothing (the failure path may call it again)
     assert log == [(kind, i) for i in range(layers + 1) for kind in ("begin", "end")]
     assert boundary.calls == [(i, pg.glue_stores_kv) for i in range(layers)]
+    assert all(q.abs().sum() > 0 for q in seen[:layers]), "q copied after the piece ended"
+    assert not torch.equal(seen[0], seen[1])  # each layer's own q
     pg.graphs[16], pg.calls[16] = boundary.graphs, boundary.calls
 
     attended = []
 
-    class Ctx:
+    class Ctx:  # attention's output: the layer's number in every element
         def attend(self, layer_idx, q, k, v, kv_stored):
             log.append(("attend", layer_idx))
             attended.append((q.shape, q.data_ptr() == pg.q.data_ptr()))
-            return torch.zeros_like(q)
+            return torch.full_like(q, layer_idx + 1.0)
 
     log.clear()
     inputs = torch.zeros((3, 16), dtype=torch.long, device=DEVICE)
@@ -225,6 +241,7 @@ def test_capture_cuts_the_forward_at_every_attention_and_replay_interleaves(mode
     want = [e for i in range(layers) for e in (("replay", i), ("attend", i))]
     assert log == want + [("replay", layers)]
     assert attended == [(torch.Size([1, 5, 4, 16]), True)] * layers  # real rows, static q
+    assert bool((pg.attn[:, :5] == layers).all()), "attention's output is what piece i+1 reads"
     assert pg.num_replays == 1
 
 
@@ -240,3 +257,24 @@ def test_engine_captures_every_bucket_as_pieces_and_replays(model, workload):
     assert all(len(g) == model.config.num_layers + 1 for g in pg.graphs.values())
     assert serve(e, prompts, params) == ref
     assert pg.num_replays == pg.num_steps > 0
+
+
+@needs_cuda
+def test_a_failed_capture_warns_and_the_steps_run_eagerly(model, workload, monkeypatch):
+    """An op that breaks the capture (here: an error raised at layer 1's attention while
+    capturing) turns the pieces off with one warning naming that error; the stream has
+    left capture mode and the engine serves eager's tokens."""
+    prompts, params, ref = workload
+    real = piecewise._Boundary.attend
+
+    def attend(self, layer_idx, *args, **kw):
+        if self.mode == "capture" and layer_idx == 1:
+            raise RuntimeError("broken on purpose")
+        return real(self, layer_idx, *args, **kw)
+
+    monkeypatch.setattr(piecewise._Boundary, "attend", attend)
+    with pytest.warns(UserWarning, match=r"piecewise CUDA graphs are off: capturing them "
+                                         r"failed \(RuntimeError: broken on purpose\)"):
+        e = engine(model)
+    assert e.runner.pieces is None and not torch.cuda.is_current_stream_capturing()
+    assert serve(e, prompts, params) == ref

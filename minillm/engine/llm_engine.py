@@ -178,12 +178,14 @@ class LLMEngine:
     def set_decode_path(self, path: str | None) -> None:
         """Switch how decode rows attend, between steps (the serving benchmark alternates
         paths within one run). Decided like at start, and `engine.config` follows; the
-        runner is rebuilt (with CUDA graphs on, that re-captures them)."""
+        runner is rebuilt (with CUDA graphs on, that re-captures the decode graphs; the
+        piecewise graphs, which leave attention out, are kept)."""
         self._requested = replace(self._requested, decode_path=path)
         config = self._resolve(replace(self.config, decode_path=path,
                                        enforce_eager=self._requested.enforce_eager,
                                        piecewise_graphs=self._requested.piecewise_graphs))
-        self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, config)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, config,
+                                  pieces=self.runner.pieces)  # attention is not in them
         self.config = config
 
     @property

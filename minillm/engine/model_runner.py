@@ -50,7 +50,10 @@ class ModelRunner:
     """Runs steps as `config` (the engine's resolved config) says: its decode_path,
     enforce_eager and piecewise_graphs are read here, never changed."""
 
-    def __init__(self, model, kv_cache: PagedKVCache, block_manager, config):
+    def __init__(self, model, kv_cache: PagedKVCache, block_manager, config,
+                 pieces: PiecewiseGraphs | None = None):
+        """pieces: a runner's PiecewiseGraphs to keep (captured for this model, cache and
+        token budget: they do not depend on the decode path), instead of capturing anew."""
         self.model, self.kv_cache, self.block_manager = model, kv_cache, block_manager
         self.config = config
         self.staging = HostToDevice(model.device)
@@ -58,7 +61,8 @@ class ModelRunner:
                                                                      block_manager, config)
         self.pieces = None
         if config.piecewise_graphs:
-            self.pieces = PiecewiseGraphs(model, kv_cache, config.max_num_batched_tokens)
+            self.pieces = pieces or PiecewiseGraphs(model, kv_cache,
+                                                    config.max_num_batched_tokens)
             if self.pieces.failed:  # it warned; the steps run as without it
                 self.pieces = None
 

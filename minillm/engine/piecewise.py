@@ -153,10 +153,19 @@ class PiecewiseGraphs:
                 boundary.begin()
                 try:
                     self._forward(boundary)
-                finally:
-                    boundary.end()
+                except BaseException:
+                    # End the capture in progress (the stream leaves capture mode even when
+                    # that reports the failure) and raise the error that broke it, not
+                    # capture_end's own "capture invalidated".
+                    try:
+                        boundary.end()
+                    except Exception:  # noqa: BLE001
+                        pass
+                    raise
+                boundary.end()
             self.graphs[b], self.calls[b] = boundary.graphs, boundary.calls
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the warm-ups' cached blocks on the side stream
 
 
 class _Boundary:
@@ -176,6 +185,7 @@ class _Boundary:
         self.owner, self.b, self.mode, self.ctx, self.n = owner, b, mode, ctx, n
         self.graphs: list[torch.cuda.CUDAGraph] = []
         self.calls: list[tuple[int, bool]] = []
+        self.capturing = False  # a piece's capture has begun and not ended
 
     def kv_write(self, layer_idx: int) -> fused.KVWrite | None:
         o = self.owner
@@ -203,6 +213,10 @@ class _Boundary:
         graph = torch.cuda.CUDAGraph()
         graph.capture_begin(pool=self.owner.pool)
         self.graphs.append(graph)
+        self.capturing = True
 
     def end(self) -> None:
-        self.graphs[-1].capture_end()
+        """End the piece being captured (once: a second call does nothing)."""
+        if self.capturing:
+            self.capturing = False
+            self.graphs[-1].capture_end()
