@@ -252,3 +252,18 @@ def test_the_default_is_on_for_cuda_only(model):
     assert resolve(forced, torch.device("cuda")).async_scheduling is False
     with pytest.raises(ValueError, match="async_scheduling"):
         minillm.EngineConfig(async_scheduling="yes")
+
+
+def test_a_decode_step_after_a_step_that_sampled_nothing(model):
+    """On the padded decode path: a 17-token prompt at 16 tokens a step leaves 1 token for
+    the second step, a decode-shaped row, while the first step (a prompt chunk that
+    sampled nothing) is in flight with no ids at all. No row is a placeholder, so nothing
+    is gathered from those ids (a gather from an empty tensor: a device assert on CUDA)."""
+    prompt = list(range(3, 20))
+    sp = SamplingParams(max_tokens=6, ignore_eos=True)
+    want = minillm.generate(model, prompt, 6, ignore_eos=True, cuda_graph=False)
+    for overlap in (False, True):
+        engine = LLMEngine(model, block_size=BS, num_blocks=64, max_num_batched_tokens=16,
+                           enforce_eager=False, async_scheduling=overlap)
+        assert engine.generate([prompt], sp) == [want]
+        assert engine.runner.graphs.num_padded_steps > 0

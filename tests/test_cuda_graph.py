@@ -324,6 +324,31 @@ def test_a_step_makes_no_host_sync(model, workload):
 
 
 @needs_cuda
+def test_a_whole_async_step_makes_no_host_sync(model, workload):
+    """All of step() with async scheduling (the CUDA default): the inputs, copy-on-write
+    for forked samples (n = 2), the forward through decode graphs or piecewise graphs,
+    greedy sampling on the device, and the read-back of the step before through its own
+    event (an event's wait is not a stream or device sync, so the debug mode allows it)."""
+    prompts, params, _ = workload
+    sps = [SamplingParams(max_tokens=sp.max_tokens + 4, ignore_eos=True, n=2)
+           for sp in params[:8]]
+    e = engine(model, max_num_seqs=16)
+    assert e.config.async_scheduling and e.runner.pieces is not None
+    drive([e], prompts[:8], sps)  # first: Triton compiles, the first copy into pinned memory
+    for i, (p, sp) in enumerate(zip(prompts[:8], sps)):
+        e.add_request(f"again{i}", p, sp)
+    cow = e.num_cow_copies
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        while e.has_unfinished_requests():
+            e.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert e.num_cow_copies > cow, "the forks should have copied a shared last block"
+    assert e.num_free_blocks() == e.block_manager.num_blocks
+
+
+@needs_cuda
 @pytest.mark.parametrize("compile", [False, True])
 def test_generate_replays_the_captured_step(model, compile):
     """compile=True: the torch.compile'd step with Triton attention (Inductor compiles the

@@ -82,7 +82,10 @@ class ModelRunner:
             rows = [(s.request.seq_id, s.start, s.request.token_ids(s.start, s.start + 1)[0])
                     for s in seqs]
             pending = None
-            if prev is not None:  # placeholders: id 0 on the host, the value from prev.ids
+            # Placeholders: id 0 on the host, the value from prev.ids. Only when a row has
+            # one: the step in flight may have sampled nothing (prompt chunks only), and
+            # a gather from its empty ids would index out of range (on CUDA: a device assert).
+            if prev is not None and any(t == PENDING for _, _, t in rows):
                 sources = [prev.source(seq_id) if t == PENDING else -1
                            for seq_id, _, t in rows]
                 rows = [(seq_id, pos, max(t, 0)) for seq_id, pos, t in rows]

@@ -116,8 +116,10 @@ class PagedKVCache:
         """Copy block src to block dst in every layer, K and V (copy-on-write)."""
         if not pairs:
             return
-        src = torch.tensor([s for s, _ in pairs], dtype=torch.long, device=self.device)
-        dst = torch.tensor([d for _, d in pairs], dtype=torch.long, device=self.device)
+        idx = torch.tensor(pairs, dtype=torch.long).t()  # [2, P]: sources, destinations
+        if self.device.type == "cuda":  # from pinned memory: no wait for the step in flight
+            idx = idx.contiguous().pin_memory().to(self.device, non_blocking=True)
+        src, dst = idx[0], idx[1]
         for cache in self.k_caches + self.v_caches:
             cache.index_copy_(0, dst, cache.index_select(0, src))
 
