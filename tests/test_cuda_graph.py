@@ -324,6 +324,33 @@ def test_a_step_makes_no_host_sync(model, workload):
 
 
 @needs_cuda
+def test_async_scheduling_matches_sync_on_the_device(model, workload):
+    """The CUDA defaults (decode graphs, piecewise graphs) with and without async
+    scheduling: the same tokens and finish reasons, with stops found by value (the step
+    after a stop is computed and dropped) and seeded sampling of forks."""
+    prompts, params, _ = workload
+    firsts = [minillm.generate(model, p, 3, ignore_eos=True)[-1] for p in prompts[:3]]
+    sps = [SamplingParams(max_tokens=sp.max_tokens, ignore_eos=True, stop_token_ids=firsts)
+           for sp in params[:20]]
+    sps += [SamplingParams(max_tokens=12, temperature=0.8, top_k=20, seed=i, n=2)
+            for i in range(4)]
+    outs = []
+    for overlap in (False, True):
+        e = engine(model, max_num_seqs=16, async_scheduling=overlap)
+        assert e.config.async_scheduling is overlap
+        for i, (p, sp) in enumerate(zip(prompts, sps)):
+            e.add_request(f"r{i}", p, sp)
+        done = {}
+        while e.has_unfinished_requests():
+            for o in e.step():
+                if o.finished:
+                    done[o.request_id, o.index] = (o.token_ids, o.finish_reason)
+        outs.append(done)
+    assert outs[0] == outs[1] and len(outs[0]) == 20 + 4 * 2
+    assert {reason for _, reason in outs[0].values()} == {"stop", "length"}
+
+
+@needs_cuda
 def test_a_whole_async_step_makes_no_host_sync(model, workload):
     """All of step() with async scheduling (the CUDA default): the inputs, copy-on-write
     for forked samples (n = 2), the forward through decode graphs or piecewise graphs,
