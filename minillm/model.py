@@ -303,6 +303,10 @@ class LlamaModel(nn.Module):
             raise ValueError(f"input_ids must be [batch, seq_len], got shape "
                              f"{tuple(input_ids.shape)}")
         B, T = input_ids.shape
+        if input_ids.device != self.device:  # else the embedding fails with a device error
+            raise ValueError(f"input_ids are on {input_ids.device} but the model is on "
+                             f"{self.device}: create them there (torch.tensor(..., "
+                             f"device=model.device)) or move them with .to(model.device)")
         if positions is None:
             if T > self.config.max_position_embeddings:
                 raise ValueError(f"sequence of {T} tokens exceeds the context length "

@@ -187,6 +187,14 @@ def test_positions_beyond_context_raise(tiny_model):
         KVCache(tiny_model.config, 1, 300)
 
 
+def test_input_ids_on_another_device_get_a_clear_error(tiny_model):
+    """A CPU tensor fed to a CUDA model failed deep in the embedding (Lab 02 did that on a
+    GPU); "meta" stands in for the other device here."""
+    with pytest.raises(ValueError, match=r"input_ids are on meta but the model is on cpu: "
+                                         r"create them there"):
+        tiny_model(torch.tensor([[1, 2]], device="meta"))
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         ModelConfig.tiny(num_heads=4, num_kv_heads=3)
