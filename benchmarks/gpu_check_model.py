@@ -526,6 +526,7 @@ TEST_FILES = [
     ("tests/test_piecewise.py", "", ""),  # new since: captures 3 buckets of a tiny model
     ("tests/test_glue_kernels.py", "", ""),
     ("tests/test_decode_gemv.py", "", ""),  # new since: ~50 cases, 3 dtypes, 24 programs
+    ("tests/test_w8a16.py", "", ""),  # new since: 3 dtypes, ~25 programs, a graph
     ("tests/test_kernels.py", "", "test_flash_attention_matches_reference"),
     ("tests/test_kernels.py", "", "not test_flash_attention_matches_reference"),
     ("tests/test_triton_backend.py", "", ""),
@@ -549,8 +550,8 @@ TEST_FILES = [
 # Test processes at once on CUDA: every entry above (and the tensor-parallel files) at
 # once. The GPU machine has 16 cores and 80 GB: each process uses at most 2 threads
 # (tests/conftest.py) and well under 2 GB of GPU memory, and their Triton compiles overlap
-# (two processes more than cores: most of a process's time is waiting on its compiles).
-PYTEST_PARALLEL = 18
+# (three processes more than cores: most of a process's time is waiting on its compiles).
+PYTEST_PARALLEL = 19
 
 
 def start_pytest(entry: tuple[str, str, str]) -> Job:

@@ -527,10 +527,12 @@ def test_lengths_that_change_every_step_are_not_specialized_on():
         import torch
         torch.cuda.is_available = lambda: True  # define the kernels as compiled, not interpreted
         from minillm.kernels import flash_attention_kernel as fk, paged_decode as pd, w4a16 as wk
+        from minillm.kernels import w8a16 as w8
         for fn, names in ((fk._attn_fwd_kernel, ["seqlen_q", "seqlen_k"]),
                           (pd._paged_decode_kernel, ["stride_btb", "tokens_per_split"]),
                           (pd._combine_splits_kernel, ["num_splits"]),
-                          (wk._w4a16_kernel, ["M", "stride_ps", "SPLIT_K", "k_per_split"])):
+                          (wk._w4a16_kernel, ["M", "stride_ps", "SPLIT_K", "k_per_split"]),
+                          (w8._w8a16_kernel, ["M"])):
             free = {fn.arg_names[i] if isinstance(i, int) else i for i in fn.do_not_specialize}
             assert set(names) <= free, (fn.__name__, names, free)
         print("ok")

@@ -1,4 +1,4 @@
-"""Triton kernels (attention, and the W4A16 quantized matmul), and the plain-PyTorch
+"""Triton kernels (attention, and the W4A16 / W8A16 quantized matmuls), and the plain-PyTorch
 attention they are checked against.
 
 * ``flash_attention``        - FlashAttention-2 forward, q ``[B, Hq, T, D]``, GQA, causal.
@@ -7,6 +7,8 @@ attention they are checked against.
 * ``paged_decode_attention`` - one query token per sequence, K/V read through a block table.
 * ``w4a16_linear``           - ``x @ Wᵀ`` with W stored in 4 bits (``minillm.quant.packing``),
   unpacked in registers from 32-bit words: a split-K GEMV for decode, tiles above.
+* ``w8a16_linear``           - the same with W stored in 8 bits: one tiled tl.dot kernel that
+  dequantizes each [BLOCK_K, BLOCK_N] tile in registers.
 * ``decode_gemv``            - a few rows times a float or 4-bit weight, with the RMSNorm
   (and residual add) or SiLU·up before it done in the same kernel: a decode layer's glue.
 * ``tiled``                  - ``naive_attention``, ``online_softmax_update``,
@@ -30,6 +32,7 @@ from .flash_attention import flash_attention, flash_attention_varlen  # noqa: E4
 from .paged_decode import paged_decode_attention  # noqa: E402
 from .tiled import naive_attention, online_softmax_update, tiled_attention  # noqa: E402
 from .w4a16 import w4a16_linear  # noqa: E402
+from .w8a16 import w8a16_linear  # noqa: E402
 
 __all__ = [
     "flash_attention",
@@ -39,6 +42,7 @@ __all__ = [
     "online_softmax_update",
     "tiled_attention",
     "w4a16_linear",
+    "w8a16_linear",
     "interpreter_enabled",
     "require_working_setup",
     "SETUP_PROBLEM",

@@ -14,6 +14,9 @@ It plugs into the model through the `Linear` seam: same call, same `in_features`
   GEMV at one row (decode), tiled above; a symmetric 4-bit weight passes no zeros (all 8),
   so the kernel reads only the nibbles and the scales. No value of a CUDA tensor is read on
   the host, so a CUDA graph can capture the decode step.
+- CUDA with 8-bit storage (5 to 8 bits): the Triton W8A16 kernel (`minillm.kernels.w8a16`):
+  tl.dot tiles that dequantize each weight tile in registers, so the step reads the bytes
+  once instead of building the float matrix; capturable in a CUDA graph as above.
 - CPU, more rows (prefill, a large engine step: compute-bound): `cpu_kernels.dequantize`
   writes the float matrix in one pass, then a BLAS GEMM. The same bits as the reference,
   several times faster than its elementwise PyTorch version (`benchmarks/quant_linear.py`).
@@ -76,6 +79,9 @@ class QuantLinear(Linear):
             from ..kernels.w4a16 import w4a16_linear
             return w4a16_linear(x, self.qweight, self.scales, self._kernel_zeros(),
                                 self.group_size)
+        if x.is_cuda and storage_bits(self.bits) == 8:
+            from ..kernels.w8a16 import w8a16_linear
+            return w8a16_linear(x, self.qweight, self.scales, self.zeros, self.group_size)
         if (x.device.type == "cpu" and self.qweight.device.type == "cpu"
                 and not torch.compiler.is_compiling()  # Inductor fuses the reference's ops
                 and cpu_kernels.load_kernel() is not None):
