@@ -119,8 +119,10 @@ class Section:
     budget_s: dict  # {"full": s, "quick": s, "dry": s}; a missing mode skips the section
 
 
-class SectionTimeout(Exception):
-    pass
+class SectionTimeout(BaseException):
+    """A section's time box ran out (SIGALRM). A BaseException: code under test that turns
+    an Exception into a fallback (piecewise graphs, the decode GEMV) or rewraps it
+    (Dynamo) must not swallow the cut; `Run.case` re-raises it."""
 
 
 @dataclass

@@ -205,8 +205,8 @@ def decode_breakdown(run, model, ids, graph: bool) -> dict:
     replays; eager, the host's own time of HOST_STEPS steps (that step is host-bound)."""
     def part():
         steps = run.pick(*(KERNEL_STEPS if graph else HOST_STEPS))
-        with warnings.catch_warnings():  # the dry run's "no CUDA graphs on a CPU"
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=NO_GRAPHS_ON_CPU)
             # warm-up 1 (prefill, then the graph's first two replays) + steps + 1 queued ahead
             step = step_breakdown.generate_step(model, ids, graph, max_new_tokens=steps + 4)
             if graph:
@@ -243,7 +243,22 @@ def fused_gemv(on: bool):
     try:
         yield
     finally:
-        fused.FUSED_GEMV = saved
+        # A GEMV that failed and switched itself off during the row stays off (it warned):
+        # turning it back on would give the next rows a GEMV that cannot run.
+        fused.FUSED_GEMV = saved and (fused.FUSED_GEMV or not on)
+
+
+def gemv_state() -> dict:
+    """Which decode-GEMV fusions are on now (a row records them: a GEMV that failed on this
+    stack switches itself off, and the row's A/B would then compare the unfused path twice)."""
+    from minillm.layers import fused
+
+    return {"fused_gemv": fused.FUSED_GEMV, "fused_rope": fused.FUSED_ROPE}
+
+
+# The CPU dry run's decode rows warn that a CPU has no CUDA graphs; nothing else is hidden
+# (a decode GEMV's fallback warning must reach the log on a GPU).
+NO_GRAPHS_ON_CPU = "cuda_graph=True on a device without CUDA graphs"
 
 
 # (row name, compile, cuda_graph), most telling first: the time box may cut the tail.
@@ -311,8 +326,8 @@ def check_decode(run) -> None:
 
             def case(name=name, backend=backend, compiled=compiled, graph=graph, gemv=gemv):
                 model.set_attn_backend(backend)
-                with warnings.catch_warnings(), fused_gemv(gemv):  # warnings: the dry run's
-                    warnings.simplefilter("ignore")                # "no CUDA graphs on a CPU"
+                with warnings.catch_warnings(), fused_gemv(gemv):
+                    warnings.filterwarnings("ignore", message=NO_GRAPHS_ON_CPU)
                     tokens = generate(model, ids, n, ignore_eos=True, compile=compiled,
                                       cuda_graph=graph)
                     if not compiled and not graph:  # the reference: no comparison
@@ -321,6 +336,7 @@ def check_decode(run) -> None:
                         model, ids, k, compile=compiled, cuda_graph=graph), tokens, backend)
                     if backend == "triton" and not compiled:
                         out["breakdown"] = decode_breakdown(run, model, ids, graph)
+                    out.update(gemv_state())
                 return out
             run.case(name, case)
 
@@ -336,7 +352,7 @@ def check_decode(run) -> None:
         name = (f"minillm w4 g{layout['group_size']} {'sym' if layout['sym'] else 'asym'} "
                 f"(RTN, head bf16) {label}, triton attention{suffix}")
         with warnings.catch_warnings(), fused_gemv(gemv):
-            warnings.simplefilter("ignore")
+            warnings.filterwarnings("ignore", message=NO_GRAPHS_ON_CPU)
             tokens = generate(qmodel, ids, n, ignore_eos=True, cuda_graph=graph)
             if not graph:
                 eager_tokens["w4"], tokens = tokens, None
@@ -345,6 +361,7 @@ def check_decode(run) -> None:
             # Graph: which kernels; eager: where the host goes (on the H100 of 2026-11-27
             # the eager w4 step took 23 ms more than bf16's for its 120 W4A16 calls).
             out["breakdown"] = decode_breakdown(run, qmodel, ids, graph)
+            out.update(gemv_state())
         bf16 = tok_s.get(f"minillm {label}, triton attention{suffix}")
         out.update(MB_per_token=w4_bytes / 1e6,
                    vs_bf16=out["decode_tok_s"] / bf16 if bf16 else None)
@@ -426,9 +443,10 @@ def check_serving(run) -> None:
         # The profiled steps and their warm-ups, decode-only steps too.
         extra = kernel_steps + host_steps + eager_host_steps + 3 if profile else 0
         ms, parts = {}, {}
-        for eager in (True, False):
+        for eager in (True, False):  # decode-only steps: no piecewise graphs to capture
             engine = serving.decoding_engine(model, batch, steps + 32 + extra,
-                                             run.pick(128, 128, 8), enforce_eager=eager)
+                                             run.pick(128, 128, 8), enforce_eager=eager,
+                                             piecewise_graphs=False)
             ms[eager] = serving.mean_step_ms(engine, steps)
             if profile and eager:
                 parts["eager step, host"] = breakdown_part(
@@ -499,7 +517,9 @@ def check_serving(run) -> None:
     run.notes.append(f"engine decode step: `batch` requests of {run.pick(128, 128, 8)}-token "
                      "prompts, every "
                      "prefill done, then the mean wall time of decode-only steps (step() "
-                     "returns after the sampled ids are on the host), enforce_eager=True "
+                     "returns a step's sampled ids on the host: with async scheduling, the "
+                     "CUDA default, the step before's, one step per call in steady state), "
+                     "enforce_eager=True "
                      "against CUDA graphs (enforce_eager=False), Triton attention"
                      + ("" if run.cuda else "; on a CPU the graph path runs uncaptured"))
     run.notes.append(breakdown_note(run))
@@ -593,8 +613,11 @@ def check_pytest(run) -> None:
     dist = sorted(os.path.relpath(p, ROOT) for p in glob.glob(str(ROOT / "tests/test_dist*.py"))
                   if not os.path.basename(p).startswith("test_distill"))  # that one is spec
     spec = [e for e in TEST_FILES if e[0] == "tests/test_spec.py"]
+    # The tensor-parallel files without their slow tests on CUDA too: those load SmolLM2
+    # once per rank, on the CPU (gloo), and compare with a model on the default device (the
+    # GPU there, in another dtype); the fast ones check the same ranks on the tiny model.
     files = ((TEST_FILES if run.cuda else spec)  # on a CPU the rest run in `make test`
-             + [(p, "" if run.cuda else "not slow", "") for p in dist])
+             + [(p, "not slow", "") for p in dist])
     parallel = PYTEST_PARALLEL if run.cuda else 1
 
     def ended(job: Job) -> None:  # a row as each file finishes

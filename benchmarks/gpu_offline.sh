@@ -127,17 +127,20 @@ t0=$(date +%s)
 if [ -f $D/kernels.started ]; then
   while [ ! -f $D/kernels.done ] && [ $(( $(date +%s) - t0 )) -lt ${KWAIT:-120} ]; do sleep 2; done
   [ -f $D/kernels.done ] && echo "kernel sections exit $(cat $D/kernels.done)" \
-    || echo "kernel sections still running after ${KWAIT:-120} s: copying what they wrote so far"
+    || echo "kernel sections still running after ${KWAIT:-120} s: copying what they wrote so far" \
+            "(copied again at the end; while both ran they shared the GPU)"
   cp $D/kernels.log $D/kernels.json $D/kernels.md "$O"/ 2>/dev/null
 fi
 S=${MODEL_SECTIONS-greedy_match,decode,serving,pytest}
 if [ -n "$S" ]; then
-  timeout ${MODEL_S:-345} "$PY" benchmarks/gpu_check.py --sections $S --out "$O"/model.json \
+  timeout -k 10 ${MODEL_S:-345} "$PY" benchmarks/gpu_check.py --sections $S --out "$O"/model.json \
     --markdown "$O"/model.md ${GPU_CHECK_ARGS:-} > "$O"/model.log 2>&1
   echo "model sections exit $? after $(( $(date +%s) - t0 )) s"
 fi
-[ -f $D/kernels.done ] || cp $D/kernels.log $D/kernels.json $D/kernels.md "$O"/ 2>/dev/null
-grep -h "^== \|^    [a-z]\|^wrote\|^interrupted" "$O"/kernels.log "$O"/model.log 2>/dev/null \
+# The kernels' latest report, whether they finished before the model sections or during
+# them (the copy above may be a snapshot taken while they still ran).
+[ -f $D/kernels.started ] && cp $D/kernels.log $D/kernels.json $D/kernels.md "$O"/ 2>/dev/null
+grep -h "^== \|^    \[\|^wrote\|^interrupted" "$O"/kernels.log "$O"/model.log 2>/dev/null \
   | cut -c1-300 | tail -c 9000
 P2
 cat > "$G"/c/part3.sh <<'P3'
