@@ -148,6 +148,8 @@ class DecodeGraph:
         self.graph, self.logits, self.num_replays = None, None, 0
         if cuda:
             self._capture(warmups=3 if compile else 1)
+            # as captured: a GEMV that failed in the warm-up switched itself off first
+            self.fused_gemv = (fused.FUSED_GEMV, fused.FUSED_ROPE)
 
     def serves(self, model, num_tokens: int) -> bool:
         return (type(self.backend) is type(model.attn_backend) and self.dtype == model.dtype

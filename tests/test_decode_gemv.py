@@ -294,15 +294,23 @@ def test_a_decode_step_through_the_gemv_gives_the_unfused_logits(triton_glue, mo
             calls.clear()
             logits[on] = g.decode(11, 3).clone()
         if on:
+            assert fused.FUSED_GEMV, "the GEMV failed and switched itself off"
+        # On CUDA the decode is a graph replay: no Python runs, so there is nothing to count
+        # (the graph was captured, GEMV and all, when `get` built it).
+        if on and not CUDA:
             num_layers = model.config.num_layers
             assert calls.count("norm_linear+rope+kv") == calls.count("norm_linear") == num_layers
             assert calls.count("silu_mul_linear") == num_layers
-            assert fused.FUSED_GEMV, "the GEMV failed and switched itself off"
-        else:
+        elif not CUDA:
             assert set(calls) == {"rope_kv+kv"}, "with FUSED_GEMV off the GEMV must not run"
-    torch.testing.assert_close(logits[True], logits[False], rtol=1e-4, atol=1e-4)
+    # On CUDA the GEMV's rsqrt and sum order and cuBLAS's differ, and two random layers (std
+    # 0.2) amplify that to ~2e-4 (seen with the glue kernels on an H100)
+    tol = 1e-3 if CUDA else 1e-4
+    torch.testing.assert_close(logits[True], logits[False], rtol=tol, atol=tol)
 
 
+@pytest.mark.skipif(CUDA, reason="builds its model on the CPU for Triton's interpreter "
+                    "(TRITON_ON_CPU); with CUDA, Triton compiles and CPU tensors cannot be launched")
 def test_a_gemv_that_fails_is_switched_off_with_a_warning(triton_glue, monkeypatch):
     """A kernel that does not compile on some stack must cost the step its fusion only: the
     unfused path's logits, a warning (one for q|k|v's RoPE epilogue, one for the GEMV), and
@@ -329,6 +337,8 @@ def test_a_gemv_that_fails_is_switched_off_with_a_warning(triton_glue, monkeypat
         torch.testing.assert_close(g.decode(11, 3), expected, rtol=0, atol=0)
 
 
+@pytest.mark.skipif(CUDA, reason="builds its model on the CPU for Triton's interpreter "
+                    "(TRITON_ON_CPU); with CUDA, Triton compiles and CPU tensors cannot be launched")
 def test_a_rope_epilogue_that_fails_switches_off_only_itself(triton_glue, monkeypatch):
     """q|k|v's GEMV with RoPE in its epilogue failing leaves the plain GEMV on: RoPE and the
     K/V store run as their own kernel after it, with the bits of the epilogue switched off."""
@@ -432,6 +442,8 @@ def test_rope_in_the_qkv_gemv_gives_the_paged_engine_the_same_bits(triton_glue, 
     assert cache[0][trash].abs().sum() > 0, "the padded row should store into the trash slot"
 
 
+@pytest.mark.skipif(CUDA, reason="builds its model on the CPU for Triton's interpreter "
+                    "(TRITON_ON_CPU); with CUDA, Triton compiles and CPU tensors cannot be launched")
 def test_a_hooked_linear_is_not_bypassed(triton_glue, monkeypatch):
     """A forward hook on a Linear (a profiler range, a calibration) must still see its
     input: the fused path steps aside for that layer."""
@@ -511,7 +523,7 @@ def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
                 for int4, zeros, group in ((False, False, 0), (True, True, 64),
                                            (True, False, 32)):
                     block_k = group if int4 else dg._dense_block_k(k_in)
-                    block_n, warps = dg._tiles(n, block_k, int4)
+                    block_n, warps = dg._tiles(n, block_k, int4, 4 if dt == "*fp32" else 2)
                     w, s = ("*i32", "*fp32") if int4 else (dt, dt)
                     store, table = rope or (False, "*fp32")
                     table = dt if table == "dt" else table

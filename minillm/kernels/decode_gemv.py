@@ -264,11 +264,12 @@ def _dense_block_k(k: int) -> int:
     return min(MAX_DENSE_BLOCK_K, max(16, next_power_of_2(k)))
 
 
-def _tiles(n: int, block_k: int, int4: bool) -> tuple[int, int]:
+def _tiles(n: int, block_k: int, int4: bool, elem_bytes: int = 2) -> tuple[int, int]:
     """(BLOCK_N, warps) from the shape, not measured. A float weight: ~1-2 programs per SM
     of a 132-SM GPU for SmolLM2's widths (N 576 -> 4 rows a program, 960 -> 4, 3072 -> 8
-    with 1024-wide steps), at most TILE_ELEMENTS weights a step (32 a thread at 8 warps:
-    registers), and warps for ~16 of them a thread. A 4-bit weight: 4 rows, one warp (more
+    with 1024-wide steps), at most TILE_ELEMENTS weights a step of 16-bit ones (32 a thread
+    at 8 warps: registers; half as many fp32 ones: Triton 3.6 spilled fp32 gate|up's 8 x
+    1024 tile with the residual add), and warps for ~16 of them a thread. A 4-bit weight: 4 rows, one warp (more
     warps put two layout conversions through shared memory in every chunk, 32 barriers a
     step in the sm_90 PTX; one warp needs none), so 4-8 programs per SM. The interpreter
     runs one program at a time in numpy: there, few wide ones (the results do not depend
@@ -278,7 +279,7 @@ def _tiles(n: int, block_k: int, int4: bool) -> tuple[int, int]:
     if int4:
         return 4, 1
     block_n = max(4, min(64, next_power_of_2(max(1, n // 128)) // 2,
-                         TILE_ELEMENTS // block_k))
+                         TILE_ELEMENTS * 2 // elem_bytes // block_k))
     warps = max(1, min(8, block_n * block_k // 512))
     return block_n, warps
 
@@ -305,6 +306,11 @@ def _weight_args(weight, x: torch.Tensor):
                              "reads: the group size needs a power-of-two divisor >= 16 and "
                              "qweight whole int32 words a row; use QuantLinear's own path")
         qw32, z = words[0], weight.scales if weight.zeros is None else weight.zeros
+        for name, t in (("scales", weight.scales), ("zeros", z)):
+            if t.dim() == 2 and t.shape[1] > 1 and t.stride(1) != 1:  # only rows are strided
+                raise ValueError(f"{name} must have contiguous groups (stride 1 along its "
+                                 f"last dimension), got strides {t.stride()}: pass "
+                                 f"{name}.contiguous()")
         return (n, weight.group_size, (qw32, weight.scales, z, qw32.stride(0), 1,
                                        weight.scales.stride(0), z.stride(0)),
                 True, weight.zeros is not None, block_k)
@@ -348,7 +354,7 @@ def _launch(x2, delta2, norm_weight, eps, weight, prologue, k, rope=None):
         return s, y
     d = delta2 if delta2 is not None else x2
     nw = norm_weight if norm_weight is not None else x2
-    block_n, warps = _tiles(n, block_k, int4)
+    block_n, warps = _tiles(n, block_k, int4, x2.element_size())
     _decode_gemv_kernel[(cdiv(n, block_n), m)](
         x2, d, nw, s, w, scales, zeros, y, n, k, float(eps), group_size,
         x2.stride(0), d.stride(0), s.stride(0), swn, swk, ssn, szn, y.stride(0), *epilogue,
