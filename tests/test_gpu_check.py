@@ -315,7 +315,8 @@ def test_cpu_dry_run_exercises_every_section_at_tiny_sizes(tmp_path):
                                       "engine continuous, triton, no piecewise graphs",
                                       "engine continuous, triton, eager", "HF one-at-a-time",
                                       "HF static-16"]
-    assert list(serving_rows)[-1] == "engine continuous, torch (gather)"
+    assert list(serving_rows)[-1] == "engine decode step, batch 3, torch (gather)"
+    assert serving_rows["engine decode step, batch 3, torch (gather)"]["eager_step_ms"] > 0
     breakdowns = {r["engine"]: r["breakdown"] for r in by["decode"]["rows"] if "breakdown" in r}
     assert list(breakdowns) == ["minillm eager, triton attention",
                                 "minillm CUDA graph, triton attention", w4[0]["engine"],
