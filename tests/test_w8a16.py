@@ -226,7 +226,7 @@ def test_rejects_bad_arguments(gen):
     with pytest.raises(ValueError, match=r"qweight must be a 2-d torch.uint8 tensor"):
         w8a16_linear(x, qweight.reshape(-1), scales, zeros, 32)
     with pytest.raises(ValueError, match=r"qweight \(8, 64\) holds 64 columns but x has "
-                                         r"K = x.shape\[-1\] = 32"):
+                                         r"K = 32 \(x.shape\[-1\]\)"):
         w8a16_linear(x[:, :32], qweight, scales, zeros, 32)
     with pytest.raises(ValueError, match=r"group_size 24 does not divide K = 64"):
         w8a16_linear(x, qweight, scales, zeros, 24)

@@ -122,29 +122,27 @@ class ModelRunner:
                                             decode_groups=path == "gather")
         rows = [last_row[i] for i, s in enumerate(out.seqs) if s.samples]
         gather = [torch.tensor(dst), torch.tensor(src)] if dst else []
+        # One matrix of ids and positions (and, padded to a token bucket for the pieces,
+        # slots: padding is token 0 at position 0 into the trash slot).
         n = len(ids)
         b = self.pieces.bucket(n) if self.pieces is not None else None
-        if b is None:
-            head = [torch.tensor(ids), torch.tensor(positions)]
-        else:  # one [3, b] matrix: ids, positions, slots; padding: token 0, position 0, trash
-            inputs = torch.zeros((3, b), dtype=torch.long)
-            inputs[0, :n], inputs[1, :n] = torch.tensor(ids), torch.tensor(positions)
+        inputs = torch.zeros((2, n) if b is None else (3, b), dtype=torch.long)
+        inputs[0, :n], inputs[1, :n] = torch.tensor(ids), torch.tensor(positions)
+        if b is not None:
             inputs[2] = self.kv_cache.trash_slot
             inputs[2, :n] = meta.slot_mapping
-            head = [inputs]
-        rows_t, *tensors = self.staging.send(
-            [torch.tensor(rows, dtype=torch.long), *head, *gather, *meta.tensors()])
-        head, tensors = tensors[:len(head)], tensors[len(head):]
-        ids_t = head[0] if b is None else head[0][0]
+        rows_t, inputs_t, *tensors = self.staging.send(
+            [torch.tensor(rows, dtype=torch.long), inputs, *gather, *meta.tensors()])
         if dst:
             dst_t, src_t, *tensors = tensors
-            ids_t.index_copy_(0, dst_t, prev.ids.index_select(0, src_t).to(ids_t.dtype))
+            inputs_t[0].index_copy_(0, dst_t, prev.ids.index_select(0, src_t).long())
         ctx = PagedAttentionContext(self.model.attn_backend, self.kv_cache,
                                     meta.with_tensors(tensors), path)
         if b is None:
-            h = self.model.hidden_states(ids_t[None], head[1][None], ctx, check=False)[0]
+            h = self.model.hidden_states(inputs_t[0][None], inputs_t[1][None], ctx,
+                                         check=False)[0]
         else:
-            h = self.pieces.run(head[0], ctx, n)
+            h = self.pieces.run(inputs_t, ctx, n)
         return h.index_select(0, rows_t)
 
 

@@ -1,5 +1,6 @@
 """Argument checks shared by the Triton kernel wrappers (``flash_attention``,
-``flash_attention_varlen``, ``paged_decode_attention``).
+``flash_attention_varlen``, ``paged_decode_attention``; ``w4a16_linear`` and
+``w8a16_linear``: `check_packed_linear`).
 
 Invariants they enforce: all float inputs on one device of the kind the kernels run on
 (CUDA when compiled, CPU in the interpreter) and of one supported dtype; ``Hq % Hkv == 0``;
@@ -48,6 +49,57 @@ def _check_device_dtype(name_to_tensor: dict[str, torch.Tensor]) -> None:
     if first.dtype not in allowed:
         raise ValueError(f"dtype {first.dtype} is not supported here; allowed: "
                          + ", ".join(str(d) for d in allowed))
+
+
+def check_packed_linear(x, qweight, scales, zeros, group_size, storage_bits: int,
+                        zeros_optional: bool) -> tuple[int, int, int]:
+    """(N, K, G) of ``x @ Ŵᵀ`` with Ŵ stored in `storage_bits` (4: two values a byte, 8: one;
+    ``minillm.quant.packing``), after checking every argument (shapes, dtypes, devices:
+    never a value). zeros_optional: None means a symmetric weight (4 bits); otherwise
+    zeros are required (8-bit weights store theirs, symmetric ones too)."""
+    if storage_bits not in (4, 8):
+        raise ValueError(f"storage_bits must be 4 or 8, got {storage_bits!r}")
+    per_byte = 8 // storage_bits
+    named = (("x", x), ("qweight", qweight), ("scales", scales)) + (
+        (("zeros", zeros),) if zeros is not None or not zeros_optional else ())
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            hint = (f" ({storage_bits}-bit weights store their zero points, symmetric ones too: "
+                    "2^(bits - 1))" if name == "zeros" else "")
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}{hint}")
+    if x.dim() < 1 or not x.is_floating_point():
+        raise ValueError(f"x must be a float tensor [..., K], got a {x.dim()}-d {x.dtype} tensor")
+    _check_device_dtype({"x": x})  # device kind and activation dtype (bf16: not on the interpreter)
+    for name, t in named[1:]:
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}; "
+                             "move the weight and activations to one device")
+    cols, values = ("[N, K]", "one 8-bit value") if per_byte == 1 else (
+        "[N, K / 2]", "two 4-bit values")
+    if qweight.dtype != torch.uint8 or qweight.dim() != 2:
+        raise ValueError(f"qweight must be a 2-d torch.uint8 tensor {cols} ({values} per byte, "
+                         f"see minillm.quant.packing); got a {qweight.dim()}-d {qweight.dtype} "
+                         "tensor")
+    n, k = qweight.shape[0], x.shape[-1]
+    if per_byte == 2 and (k < 2 or k % 2):
+        raise ValueError(f"K = x.shape[-1] = {k} must be even and >= 2: 4-bit packing stores two "
+                         "columns per byte")
+    if qweight.shape[1] * per_byte != k:
+        raise ValueError(f"qweight {tuple(qweight.shape)} holds {qweight.shape[1] * per_byte} "
+                         f"columns but x has K = {k} (x.shape[-1]); qweight must be {cols} = "
+                         f"[{n}, {k // per_byte}]")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
+        raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
+    if k % group_size:
+        raise ValueError(f"group_size {group_size} does not divide K = {k}; groups must tile each "
+                         "row exactly (per-channel quantization: group_size = K)")
+    groups = k // group_size
+    for name, t in named[2:]:
+        if t.dtype != torch.float32 or tuple(t.shape) != (n, groups):
+            raise ValueError(f"{name} must be torch.float32 [N, K / group_size] = [{n}, {groups}], "
+                             f"got {t.dtype} {tuple(t.shape)} (note: module.half() or "
+                             ".to(dtype) also converts these buffers; keep them in fp32)")
+    return n, k, groups
 
 
 def _check_heads(hq: int, hkv: int, d: int) -> None:

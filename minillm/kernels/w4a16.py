@@ -118,7 +118,7 @@ import triton.language as tl
 
 from . import tuning
 from ._dot import dot
-from ._checks import _check_device_dtype
+from ._checks import check_packed_linear
 from ._grid import cdiv
 
 __all__ = ["w4a16_linear"]
@@ -542,43 +542,9 @@ def _as_words(qweight: torch.Tensor) -> tuple[torch.Tensor, int] | None:
 
 
 def _check_args(x, qweight, scales, zeros, group_size) -> tuple[int, int, int]:
-    """(N, K, G) after checking every argument (shapes, dtypes, devices: never a value);
-    clear ValueErrors otherwise."""
-    named = (("x", x), ("qweight", qweight), ("scales", scales)) + (
-        (("zeros", zeros),) if zeros is not None else ())
-    for name, t in named:
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if x.dim() < 1 or not x.is_floating_point():
-        raise ValueError(f"x must be a float tensor [..., K], got a {x.dim()}-d {x.dtype} tensor")
-    _check_device_dtype({"x": x})  # device kind and activation dtype (bf16: not on the interpreter)
-    for name, t in named[1:]:
-        if t.device != x.device:
-            raise ValueError(f"{name} is on {t.device} but x is on {x.device}; "
-                             "move the weight and activations to one device")
-    if qweight.dtype != torch.uint8 or qweight.dim() != 2:
-        raise ValueError(f"qweight must be a 2-d torch.uint8 tensor [N, K / 2] (two 4-bit values "
-                         f"per byte, see minillm.quant.packing); got a {qweight.dim()}-d "
-                         f"{qweight.dtype} tensor")
-    n, k = qweight.shape[0], x.shape[-1]
-    if k < 2 or k % 2:
-        raise ValueError(f"K = x.shape[-1] = {k} must be even and >= 2: 4-bit packing stores two "
-                         "columns per byte")
-    if qweight.shape[1] * 2 != k:
-        raise ValueError(f"qweight {tuple(qweight.shape)} holds {qweight.shape[1] * 2} columns but "
-                         f"x has K = {k}; qweight must be [N, K / 2] = [{n}, {k // 2}]")
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
-        raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
-    if k % group_size:
-        raise ValueError(f"group_size {group_size} does not divide K = {k}; groups must tile each "
-                         "row exactly (per-channel quantization: group_size = K)")
-    groups = k // group_size
-    for name, t in named[2:]:
-        if t.dtype != torch.float32 or tuple(t.shape) != (n, groups):
-            raise ValueError(f"{name} must be torch.float32 [N, K / group_size] = [{n}, {groups}], "
-                             f"got {t.dtype} {tuple(t.shape)} (note: module.half() or "
-                             ".to(dtype) also converts these buffers; keep them in fp32)")
-    return n, k, groups
+    """(N, K, G) after checking every argument (`_checks.check_packed_linear`); zeros may be
+    None (a symmetric weight)."""
+    return check_packed_linear(x, qweight, scales, zeros, group_size, 4, zeros_optional=True)
 
 
 def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,

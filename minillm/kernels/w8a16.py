@@ -63,7 +63,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ._checks import _check_device_dtype
+from ._checks import check_packed_linear
 from ._dot import dot
 from ._grid import cdiv
 from .interpreter import interpreter_enabled
@@ -147,44 +147,6 @@ def _tiles(m: int, n: int) -> tuple[int, int, int, int]:
     return 64, (128 if n >= WIDE_N else 64), 8, 3
 
 
-def _check_args(x, qweight, scales, zeros, group_size) -> tuple[int, int]:
-    """(N, K) after checking every argument (shapes, dtypes, devices: never a value);
-    clear ValueErrors otherwise."""
-    named = (("x", x), ("qweight", qweight), ("scales", scales), ("zeros", zeros))
-    for name, t in named:
-        if not isinstance(t, torch.Tensor):
-            hint = (" (8-bit weights store their zero points, symmetric ones too: "
-                    "2^(bits - 1))" if name == "zeros" else "")
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}{hint}")
-    if x.dim() < 1 or not x.is_floating_point():
-        raise ValueError(f"x must be a float tensor [..., K], got a {x.dim()}-d {x.dtype} tensor")
-    _check_device_dtype({"x": x})  # device kind and activation dtype (bf16: not on the interpreter)
-    for name, t in named[1:]:
-        if t.device != x.device:
-            raise ValueError(f"{name} is on {t.device} but x is on {x.device}; "
-                             "move the weight and activations to one device")
-    if qweight.dtype != torch.uint8 or qweight.dim() != 2:
-        raise ValueError(f"qweight must be a 2-d torch.uint8 tensor [N, K] (one 8-bit value per "
-                         f"byte, see minillm.quant.packing); got a {qweight.dim()}-d "
-                         f"{qweight.dtype} tensor")
-    n, k = qweight.shape[0], x.shape[-1]
-    if qweight.shape[1] != k:
-        raise ValueError(f"qweight {tuple(qweight.shape)} holds {qweight.shape[1]} columns but "
-                         f"x has K = x.shape[-1] = {k}; qweight must be [N, K] = [{n}, {k}]")
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
-        raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
-    if k % group_size:
-        raise ValueError(f"group_size {group_size} does not divide K = {k}; groups must tile each "
-                         "row exactly (per-channel quantization: group_size = K)")
-    groups = k // group_size
-    for name, t in named[2:]:
-        if t.dtype != torch.float32 or tuple(t.shape) != (n, groups):
-            raise ValueError(f"{name} must be torch.float32 [N, K / group_size] = [{n}, {groups}], "
-                             f"got {t.dtype} {tuple(t.shape)} (note: module.half() or "
-                             ".to(dtype) also converts these buffers; keep them in fp32)")
-    return n, k
-
-
 def w8a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  zeros: torch.Tensor, group_size: int) -> torch.Tensor:
     """``x @ Ŵᵀ`` with Ŵ ``[N, K]`` given in the 8-bit layout (see the module docstring).
@@ -193,7 +155,8 @@ def w8a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     ``[N, K]``; scales and zeros fp32 ``[N, K / group_size]``; ``group_size`` divides K.
     Returns ``[..., N]`` in x's dtype. Any strides are accepted.
     """
-    n, k = _check_args(x, qweight, scales, zeros, group_size)
+    n, k, _ = check_packed_linear(x, qweight, scales, zeros, group_size, 8,
+                                  zeros_optional=False)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
