@@ -141,7 +141,8 @@ def synchronize(device=None) -> None:
 
 
 def default_dtype(device=None) -> torch.dtype:
-    """The dtype the engine runs in on ``device``: bf16 on CUDA, fp32 elsewhere.
+    """The dtype the engine runs in on ``device``: bf16 on CUDA (fp16 on GPUs older than
+    Ampere: ``cuda_half_dtype``), fp32 elsewhere.
 
     GPUs since Ampere have bf16 tensor cores: half the bytes of fp32 at many times the
     FLOP/s, with fp32's exponent range (no overflow). Common CPUs have no native bf16
@@ -149,7 +150,24 @@ def default_dtype(device=None) -> torch.dtype:
     slower), so fp32 is the safe default there. (Batch-1 decode in bf16 can still win on a
     CPU, because it is memory-bound and reads half the bytes: a roofline lesson.)
     """
-    return torch.bfloat16 if _kind(device) == "cuda" else torch.float32
+    if _kind(device) == "cuda":
+        return cuda_half_dtype(default_device() if device is None else device)
+    return torch.float32
+
+
+def cuda_half_dtype(device=None) -> torch.dtype:
+    """The 16-bit dtype of a CUDA device: bf16 from compute capability 8.0 (Ampere) on, fp16
+    before (Volta, Turing: a T4 has fp16 tensor cores and no bf16 ones, and Triton's bf16
+    dots and conversions need sm_80). SmolLM2's activations stay far inside fp16's range:
+    an fp16 SmolLM2 agrees with fp32 better than a bf16 one does (on 512 tokens of the Lee
+    corpus, measured on a CPU: KL 2e-5 and top-1 99%, against 1e-3 and 98%). A CUDA device named on a machine without one is taken to
+    be a current GPU (bf16): nothing can be asked of it."""
+    dev = torch.device("cuda") if device is None else torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_available():
+        major, _ = torch.cuda.get_device_capability(dev)
+        if major < 8:
+            return torch.float16
+    return torch.bfloat16
 
 
 def describe(device=None, dtype=None) -> str:
@@ -202,13 +220,15 @@ def cpu_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
 
 
 def decode_dtype(device=None) -> torch.dtype:
-    """The dtype that decodes fastest on ``device`` at acceptable quality: bf16 on CUDA and on
-    CPUs with native bf16 (``cpu_native_bf16``), fp32 elsewhere. Batch-1 decode streams every
+    """The dtype that decodes fastest on ``device`` at acceptable quality: 16 bits on CUDA
+    (``cuda_half_dtype``), bf16 on CPUs with native bf16 (``cpu_native_bf16``), fp32 elsewhere. Batch-1 decode streams every
     weight once per token, so bf16 weights halve the step's bytes. Where bf16 is native,
     prefill's bf16 GEMMs are fast too; elsewhere they are emulated and crawl, so fp32 stays.
     What ``load_model(dtype="auto")`` picks; ``benchmarks/decode.py`` measures both."""
     kind = _kind(device)
-    if kind == "cuda" or (kind == "cpu" and cpu_native_bf16()):
+    if kind == "cuda":
+        return cuda_half_dtype(default_device() if device is None else device)
+    if kind == "cpu" and cpu_native_bf16():
         return torch.bfloat16
     return torch.float32
 

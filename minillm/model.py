@@ -383,7 +383,7 @@ def load_model(dtype: torch.dtype | str | None = None, device=None, attn_backend
 
     ``device``: None for ``devices.default_device()`` (CUDA when a GPU is visible, else the
     CPU; ``MINILLM_DEVICE`` overrides), or "cpu", "cuda", "cuda:1", ...
-    ``dtype``: None for ``devices.default_dtype(device)``: bf16 on CUDA, fp32 on a CPU, where
+    ``dtype``: None for ``devices.default_dtype(device)``: bf16 on CUDA (fp16 before Ampere), fp32 on a CPU, where
     it is exact against the reference and fast on every CPU. ``"auto"`` picks
     ``devices.decode_dtype(device)``: bf16 on CUDA and on CPUs with native bf16 (avx512_bf16
     or AMX), where it halves the bytes a decode step reads; fp32 on the others, whose

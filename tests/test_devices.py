@@ -1,9 +1,9 @@
 """One device per process (`minillm.devices`): MINILLM_DEVICE, its errors, the defaults that
 follow from it, and the one-line refusals of the command line.
 
-No GPU is needed: a CUDA machine is imitated by patching `torch.cuda.is_available` and
-`torch.cuda.device_count`, which is all `minillm.devices` asks of CUDA before a tensor is
-made.
+No GPU is needed: a CUDA machine is imitated by patching `torch.cuda.is_available`,
+`torch.cuda.device_count` and `torch.cuda.get_device_capability`, which is all
+`minillm.devices` asks of CUDA before a tensor is made.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ def one_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
 
 
 @pytest.fixture
@@ -42,6 +43,22 @@ def test_default_is_cpu_without_cuda_and_cuda_with_it(monkeypatch, one_gpu):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert devices.default_device() == torch.device("cpu")
     assert devices.default_dtype() == torch.float32 and not devices.cuda_requested()
+
+
+def test_gpus_before_ampere_default_to_fp16(monkeypatch, one_gpu):
+    # A T4 (7.5) has fp16 tensor cores and no bf16 ones; Triton's bf16 needs sm_80.
+    monkeypatch.delenv(devices.DEVICE_ENV, raising=False)
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda device=None: asked.append(device) or (7, 5))
+    assert devices.default_dtype() == torch.float16
+    assert devices.decode_dtype() == torch.float16
+    assert devices.default_dtype("cuda:0") == torch.float16
+    assert all(torch.device(d).type == "cuda" for d in asked)  # the device in use is asked
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))
+    assert devices.default_dtype() == devices.decode_dtype() == torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # asked on a CPU machine
+    assert devices.default_dtype("cuda") == torch.bfloat16
 
 
 @pytest.mark.parametrize("text,want", [("cpu", "cpu"), ("CPU", "cpu"), ("cuda", "cuda:0"),
