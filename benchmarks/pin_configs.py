@@ -56,14 +56,16 @@ def compile_time_kwargs(t: tuning.Tunable, cfg) -> dict:
     return {k: v for k, v in cfg.kwargs.items() if k in constexpr}
 
 
-def shared_bytes(t: tuning.Tunable, bucket: dict, cfg, arch: int, extra: dict | None = None) -> int:
+def shared_bytes(t: tuning.Tunable, bucket: dict, cfg, arch: int, extra: dict | None = None,
+                 dtype: str | None = None) -> int:
     """Shared memory of ``cfg`` for ``bucket`` compiled for ``arch`` (raises if it fails);
-    ``extra``: constexprs beyond the bucket's (a variant the bucket does not name)."""
+    ``extra``: constexprs beyond the bucket's (a variant the bucket does not name); ``dtype``:
+    the tensors' Triton type ("bf16", "fp16", "fp32"; None: bf16 or fp32 by the bucket's
+    ``dt``, which cannot tell fp16 from bf16)."""
     consts = {**t.constexprs(bucket), **(extra or {}), **compile_time_kwargs(t, cfg)}
-    key = (t.name, arch, tuple(sorted(consts.items())), bucket.get("dt", 16), cfg.num_warps,
-           cfg.num_stages)
+    dt = dtype or DTYPES[bucket.get("dt", 16)]
+    key = (t.name, arch, tuple(sorted(consts.items())), dt, cfg.num_warps, cfg.num_stages)
     if key not in _compiled:
-        dt = DTYPES[bucket.get("dt", 16)]
         types = {n: v.format(dt=dt) for n, v in t.signature.items()}
         sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in t.fn.arg_names}
         kernel = triton_compile(ASTSource(t.fn, sig, consts), target=GPUTarget("cuda", arch, 32),
@@ -96,8 +98,8 @@ def precompile(jobs: list[tuple]) -> dict:
                 name, bucket, cfg_dict, arch = job
                 t, cfg = tuning.tunables()[name], tuning.config_from_dict(cfg_dict)
                 consts = {**t.constexprs(bucket), **compile_time_kwargs(t, cfg)}
-                _compiled[(name, arch, tuple(sorted(consts.items())), bucket.get("dt", 16),
-                           cfg.num_warps, cfg.num_stages)] = shared
+                _compiled[(name, arch, tuple(sorted(consts.items())),
+                           DTYPES[bucket.get("dt", 16)], cfg.num_warps, cfg.num_stages)] = shared
     return results
 
 

@@ -63,7 +63,7 @@ def main() -> int:
                         continue
                     seen.add(key)
                     try:
-                        shared = shared_bytes(t, bucket, cfg, args.arch, extra)
+                        shared = shared_bytes(t, bucket, cfg, args.arch, extra, args.dtype)
                         fits = shared <= SHARED_BYTES[args.arch]
                         outcome["ok" if fits else "too much shared memory"] += 1
                     except Exception as e:  # noqa: BLE001  (reported; the sweep goes on)

@@ -157,8 +157,9 @@ def default_dtype(device=None) -> torch.dtype:
 
 def cuda_half_dtype(device=None) -> torch.dtype:
     """The 16-bit dtype of a CUDA device: bf16 from compute capability 8.0 (Ampere) on, fp16
-    before (Volta, Turing: a T4 has fp16 tensor cores and no bf16 ones, and Triton's bf16
-    dots and conversions need sm_80). SmolLM2's activations stay far inside fp16's range:
+    before (Volta, Turing: a T4 has fp16 tensor cores and no bf16 ones, so its bf16 GEMMs are
+    emulated; Triton's dots take FMAs there in either dtype, compiled for sm_75 with Triton
+    3.6 and 3.7: ``benchmarks/triton_compile_sweep.py --arch 75``). SmolLM2's activations stay far inside fp16's range:
     an fp16 SmolLM2 agrees with fp32 better than a bf16 one does (on 512 tokens of the Lee
     corpus, measured on a CPU: KL 2e-5 and top-1 99%, against 1e-3 and 98%). A CUDA device named on a machine without one is taken to
     be a current GPU (bf16): nothing can be asked of it."""

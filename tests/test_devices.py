@@ -46,7 +46,7 @@ def test_default_is_cpu_without_cuda_and_cuda_with_it(monkeypatch, one_gpu):
 
 
 def test_gpus_before_ampere_default_to_fp16(monkeypatch, one_gpu):
-    # A T4 (7.5) has fp16 tensor cores and no bf16 ones; Triton's bf16 needs sm_80.
+    # A T4 (7.5) has fp16 tensor cores and no bf16 ones.
     monkeypatch.delenv(devices.DEVICE_ENV, raising=False)
     asked = []
     monkeypatch.setattr(torch.cuda, "get_device_capability",
