@@ -128,7 +128,9 @@ def _add_serve_parsers(sub) -> None:
                      help="cpu, cuda or cuda:N (default: MINILLM_DEVICE, else CUDA when a GPU "
                           "is visible, else cpu)")
     srv.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                     help="default: bfloat16 on CUDA, float32 on a CPU")
+                     help="default: bfloat16 on CUDA (float16 before Ampere), float32 on a CPU")
+    srv.add_argument("--attn-backend", choices=["torch", "triton"], default=None,
+                     help="attention kernels (default: triton on CUDA, torch on a CPU)")
     srv.add_argument("--log-level", default="info",
                      choices=["critical", "error", "warning", "info", "debug"])
     lg = sub.add_parser("loadgen", help="Poisson load against a local server; latency percentiles")
@@ -157,7 +159,7 @@ def cmd_serve(args) -> int:
                          default_max_tokens=args.default_max_tokens, max_n=args.max_n,
                          retry_after_s=args.retry_after, device=args.device, dtype=args.dtype,
                          stream_tokens_per_event=args.stream_tokens_per_event,
-                         stall_timeout_s=args.stall_timeout)
+                         stall_timeout_s=args.stall_timeout, attn_backend=args.attn_backend)
     return serve(config, log_level=args.log_level)
 
 

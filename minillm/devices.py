@@ -131,6 +131,17 @@ def same_device(a, b) -> bool:
     return da.type == db.type and (da.index or 0) == (db.index or 0)
 
 
+def make_current(device) -> None:
+    """Make ``device`` the calling thread's current CUDA device (a no-op for other devices).
+    Triton launches on the current device and its stream, and CUDA events and streams are
+    made there: a model on cuda:1 driven from a thread whose current device is still cuda:0
+    would launch its kernels in the wrong context. The current device is per thread, and a
+    new thread starts at cuda:0, so a worker that steps an engine calls this first."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+
+
 def synchronize(device=None) -> None:
     """Wait for the work queued on ``device`` (a no-op on the CPU)."""
     dev = resolve_device(device)

@@ -391,11 +391,12 @@ def load_model(dtype: torch.dtype | str | None = None, device=None, attn_backend
     ``dtype`` at load. A bf16 model agrees with fp32 on most greedy tokens, not all:
     ``tests/test_bf16.py`` compares them by top-1 agreement and KL.
     """
-    from .devices import decode_dtype, default_dtype, resolve_device
+    from .devices import decode_dtype, default_dtype, make_current, resolve_device
     from .gguf_loader import load_gguf
     from .tokenizer import MiniTokenizer
 
     device = resolve_device(device)
+    make_current(device)  # Triton launches on the current CUDA device (cuda:1 is not it)
     if dtype is None:
         dtype = default_dtype(device)
     elif isinstance(dtype, str) and dtype == "auto":

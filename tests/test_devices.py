@@ -191,11 +191,49 @@ def test_serve_config_device_and_dtype():
     from minillm.serve.config import ServeConfig
 
     c = ServeConfig(device="cuda:1", dtype="bfloat16")
-    assert c.load_options() == {"device": "cuda:1", "dtype": torch.bfloat16}
-    assert ServeConfig().load_options() == {"device": None, "dtype": None}
+    assert c.load_options() == {"device": "cuda:1", "dtype": torch.bfloat16,
+                                "attn_backend": "triton"}  # graphs need Triton attention
+    assert ServeConfig(device="cpu").load_options()["attn_backend"] == "torch"
+    chosen = ServeConfig(device="cuda", attn_backend="torch")
+    assert chosen.load_options()["attn_backend"] == "torch"
+    assert ServeConfig().load_options()["device"] is None
+    assert ServeConfig().load_options()["dtype"] is None
+    with pytest.raises(ValueError, match="ServeConfig.attn_backend must be one of"):
+        ServeConfig(attn_backend="flash")
     with pytest.raises(ValueError, match="ServeConfig.device must be cpu, cuda or cuda:N"):
         ServeConfig(device="gpu0")
     with pytest.raises(ValueError, match="ServeConfig.dtype must be one of"):
         ServeConfig(dtype="fp32")
     args = c.cli_args()  # what ServerProcess starts the child with
     assert args[args.index("--device") + 1] == "cuda:1" and "--dtype" in args
+
+
+def test_make_current_sets_the_thread_s_cuda_device_and_the_engine_thread_calls_it(
+        monkeypatch, smollm):
+    # Triton launches on the current CUDA device: a model on cuda:1 must be made current in
+    # every thread that steps it (a new thread starts at cuda:0).
+    import threading
+
+    from minillm import LLMEngine
+    from minillm.serve import async_engine
+    from minillm.serve.config import ServeConfig
+    from minillm.serve.metrics import ServerMetrics
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(torch.device(d)))
+    devices.make_current("cpu")
+    devices.make_current("cuda:1")
+    assert calls == [torch.device("cuda:1")]
+
+    seen = []
+    monkeypatch.setattr(async_engine, "make_current",
+                        lambda d: seen.append((torch.device(d), threading.current_thread().name)))
+    model, tok = smollm
+    engine = LLMEngine(model, tok, num_blocks=8, max_num_seqs=2)
+    aengine = async_engine.AsyncEngine(engine, tok, ServeConfig(), ServerMetrics())
+    try:
+        aengine._executor.submit(lambda: None).result()
+    finally:
+        aengine._executor.shutdown(wait=True)
+    assert len(seen) == 1 and seen[0][0] == model.device
+    assert seen[0][1].startswith("minillm-engine")

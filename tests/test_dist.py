@@ -142,7 +142,7 @@ def test_launch_returns_rank0_result_and_reports_a_failing_rank(tmp_path):
 
 
 def _rank_sum(rank, world_size, base):
-    total = torch.tensor([float(rank)])
+    total = torch.tensor([float(rank)], device=dist.rank_device(rank))  # NCCL: on its GPU
     tdist.all_reduce(total)
     return rank, world_size, base + int(total)
 
@@ -169,6 +169,8 @@ def test_launch_refuses_a_port_in_use():
 
 def _tiny_tp(rank, world_size, ids, new_tokens):
     model = LlamaModel(TINY).init_random_weights(seed=0).eval()
+    model = model.to(dist.rank_device(rank))  # NCCL (a GPU per rank): on the rank's GPU
+    ids = ids.to(model.device)
     dist.shard_model(model, rank, world_size)
     forward, generation = dist.CommLedger(), dist.CommLedger()
     with torch.inference_mode(), dist.use_ledger(forward), forward.step("prefill"):
@@ -178,7 +180,7 @@ def _tiny_tp(rank, world_size, ids, new_tokens):
                                               ignore_eos=True))
     ledgers = [None] * world_size
     tdist.all_gather_object(ledgers, (forward, generation))
-    return logits, tokens, ledgers
+    return (None if logits is None else logits.cpu()), tokens, ledgers
 
 
 def check_ledger(ledger, config, tp_size, prefill_tokens, num_decode_steps,

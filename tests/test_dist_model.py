@@ -51,7 +51,7 @@ def test_tp3_through_the_launcher_equals_one_process(smollm):
     runs = dist.run_tp_many(3, prompts, NEW_TOKENS)
     for ids, run in zip(prompts, runs):
         with torch.inference_mode():
-            expected = model(torch.tensor([ids]))[0]
+            expected = model(torch.tensor([ids], device=model.device))[0].cpu()
         torch.testing.assert_close(run.prefill_logits, expected, atol=1e-4, rtol=0)
         assert run.tokens == generate(model, ids, NEW_TOKENS)
         assert run.param_bytes_per_rank == [calc.tp_param_bytes_per_rank(model.config, 3, 4, r)
@@ -98,7 +98,7 @@ def test_pp2_with_4_microbatches_equals_one_process(smollm):
     batch = torch.tensor([ids[i:] + ids[:i] for i in range(8)])  # 8 prompts of 12 tokens
     run = dist.run_pipeline(2, 4, batch)
     with torch.inference_mode():
-        expected = model(batch)
+        expected = model(batch.to(model.device)).cpu()
     torch.testing.assert_close(run.logits, expected, atol=1e-4, rtol=0)
     assert run.stage_layers == [(0, 15), (15, 30)]
     assert run.predicted_bubble_fraction == calc.pp_bubble_fraction(2, 4) == 0.2

@@ -8,6 +8,7 @@ sharing prefixes so that prefix-cache hits really happen, on a tiny random-weigh
 (block_size 4 so that requests span many blocks). After every step the block manager's
 invariants hold, and once the engine drains every block is free.
 """
+import dataclasses
 import random
 
 import pytest
@@ -303,6 +304,14 @@ def test_paged_context_matches_reference(path):
     decode = paged_decode_attention_ref(q[0, :nd], cache.k_caches[0], cache.v_caches[0],
                                         bt[:nd], ctx[:nd])
     torch.testing.assert_close(out[0, :nd], decode, atol=1e-5, rtol=1e-5)
+    # The torch backend splits the prefill rows by the host copy of cu_seqlens: reading the
+    # device tensors back would sync once per layer on CUDA. Without them: the same output.
+    assert meta.cu_seqlens_host == (tuple(meta.cu_seqlens_q.tolist()),
+                                    tuple(meta.cu_seqlens_k.tolist()))
+    host_only = dataclasses.replace(meta, cu_seqlens_q=None, cu_seqlens_k=None)
+    again = PagedAttentionContext(minillm.attention.TorchBackend(), cache, host_only,
+                                  path).attend(0, q, k, v)
+    assert torch.equal(again, out)
 
 
 def test_triton_backend_matches_torch_backend(model):

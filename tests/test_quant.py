@@ -213,9 +213,16 @@ def test_cpp_dequantize_is_bit_identical_to_the_reference(bits, group, sym):
 
 
 def test_quant_linear_keeps_fp32_scales_when_the_model_is_cast(tiny):
-    q = quant.quantize_model(tiny, "rtn", 4, 32, progress=False).to(torch.bfloat16)
+    # Bit for bit: a scale cast to bf16 and back loses its low bits (the w4 model of the
+    # GPU check is quantize_model(fp32).to(device, bf16)).
+    q = quant.quantize_model(tiny, "rtn", 4, 32, progress=False)
+    before = {n: b.clone() for n, b in q.named_buffers() if n.endswith(("scales", "zeros"))}
+    q = q.to(torch.bfloat16)
     lin = q.layers[0].attn.qkv_proj
     assert lin.scales.dtype == torch.float32 and lin.qweight.dtype == torch.uint8
+    after = dict(q.named_buffers())
+    assert all(torch.equal(after[n], b) for n, b in before.items()), "a scale or zero changed"
+    assert q.half().float().layers[0].attn.qkv_proj.scales.dtype == torch.float32
 
 
 def test_save_and_load_round_trip_exactly(tiny, tmp_path):
@@ -273,6 +280,18 @@ def test_clip_search_shrinks_ranges_only():
     org = w.reshape(16, 2, 32).abs().amax(-1)
     assert best.shape == (16, 2) and (best <= org + 1e-7).all() and (best >= 0.5 * org - 1e-6).all()
 
+
+def test_calibration_statistics_of_a_16_bit_model_are_summed_in_fp32():
+    # On CUDA the model is bf16 (fp16 before Ampere): GPTQ's XᵀX and AWQ's squared errors
+    # overflow fp16 at SmolLM2's activation sizes unless they are computed in fp32.
+    x = torch.full((8192, 8), 4.0, dtype=torch.float16)
+    h = qz._xtx(x)  # 4² · 8192 = 131072: past fp16's 65504, exact in fp32
+    assert h.dtype == torch.float64 and torch.equal(h, torch.full((8, 8), 131072.0).double())
+    torch.manual_seed(7)
+    w, xs = torch.randn(16, 64).half(), (torch.randn(64, 64) * 300).half()
+    assert torch.equal(awq.clip_search(w, xs, 3, 32, False),
+                       awq.clip_search(w.float(), xs.float(), 3, 32, False))
+
 # --- data and evaluation -----------------------------------------------------------------
 
 
@@ -313,7 +332,7 @@ def layer_inputs(model, ids, layer_idx, name):
     hook = getattr(parent, attr).register_forward_pre_hook(
         lambda _m, args: captured.append(args[0].reshape(-1, args[0].shape[-1])))
     with torch.no_grad():
-        model.hidden_states(ids, num_layers=layer_idx + 1)
+        model.hidden_states(ids.to(model.device), num_layers=layer_idx + 1)
     hook.remove()
     return torch.cat(captured), getattr(parent, attr).weight
 
@@ -337,7 +356,7 @@ def test_gptq_beats_rtn_on_a_real_layer_with_held_out_activations(smollm, name):
 @pytest.mark.slow
 def test_awq_folding_leaves_smollm2_logits_unchanged(smollm):
     model, tok = smollm
-    ids = quant.calibration_windows(tok, 1, 128)
+    ids = quant.calibration_windows(tok, 1, 128).to(model.device)
     ref = model(ids)
     scaled = copy.deepcopy(model, memo={id(model._compiled_run): None})
     sizes = qz.resolve_group_sizes(scaled, 4, 64)

@@ -84,7 +84,11 @@ def test_a_prompt_the_kv_pool_cannot_take_is_shed(smollm):
 def test_sigterm_drains_in_flight_requests_and_exits_zero(smollm):
     model, tok = smollm
     expected = {p: minillm.generate(model, tok.encode(p), 24, ignore_eos=True) for p in PROMPTS}
-    server = ServerProcess(max_num_seqs=4, max_queue_len=16, drain_timeout_s=60)
+    # The child loads the model as the fixture did (on a GPU machine its defaults would be
+    # bf16 and Triton attention, whose greedy tokens may differ from this fp32 reference).
+    server = ServerProcess(max_num_seqs=4, max_queue_len=16, drain_timeout_s=60,
+                           device=str(model.device), dtype=minillm.devices.dtype_name(model.dtype),
+                           attn_backend=model.attn_backend.name)
     try:
         started = threading.Barrier(len(PROMPTS) + 1)
 

@@ -18,6 +18,7 @@ import time
 
 import httpx
 import pytest
+import torch
 
 from minillm import LLMEngine
 from minillm.serve import ServeConfig, ThreadedServer, create_app, k8s, sse
@@ -125,6 +126,40 @@ def test_ready_only_after_warm_up_live_until_a_step_stalls(smollm):
         assert aborted == 0
     finally:
         gate.set()
+        srv.stop()
+
+
+def test_a_cuda_error_in_a_step_ends_liveness_a_python_error_does_not(smollm):
+    # A CUDA error is sticky (every later step fails too): the replica must be restarted.
+    from minillm.serve.async_engine import is_device_error
+
+    assert is_device_error(torch.AcceleratorError("CUDA error: an illegal memory access"))
+    assert is_device_error(RuntimeError("CUDA error: device-side assert triggered"))
+    assert not is_device_error(RuntimeError("shape mismatch")) and not is_device_error(KeyError())
+    model, tok = smollm
+    config = ServeConfig(max_num_seqs=2, num_blocks=32)
+    engine = LLMEngine(model, tok, **config.engine_options())
+    step, failure = engine.step, {"exc": None}
+
+    def failing_step():
+        if failure["exc"] is not None:
+            raise failure["exc"]
+        return step()
+
+    engine.step = failing_step
+    srv = ThreadedServer(create_app(engine, tok, config))
+    try:
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4}
+        failure["exc"] = RuntimeError("an engine bug")
+        assert httpx.post(srv.url + "/v1/completions", json=body, timeout=60).status_code == 500
+        assert _get(srv.url, "/health/live")[0] == 200  # not sticky: the next step may pass
+        failure["exc"] = RuntimeError("CUDA error: an illegal memory access was encountered")
+        assert httpx.post(srv.url + "/v1/completions", json=body, timeout=60).status_code == 500
+        status, body = _get(srv.url, "/health/live")
+        assert status == 503 and "restart the process" in body["error"]["message"]
+        assert "illegal memory access" in body["error"]["message"]
+        assert _get(srv.url, "/health/ready")[0] == 503
+    finally:
         srv.stop()
 
 

@@ -195,6 +195,16 @@ def test_split_k_is_deterministic(gen):
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
+def test_split_k_counters_are_not_made_inside_a_capture(monkeypatch):
+    # Their zeroing would be captured, not run: eager launches would read garbage counts.
+    monkeypatch.setattr(wk, "_counters", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="run the model once on the device before capturing"):
+        wk._tile_counters(torch.device("cuda", 0))
+    assert wk._counters == {}
+    assert wk._tile_counters(torch.device("cpu")).eq(0).all()  # the interpreter's: no capture
+
+
 def test_symmetric_zeros_none_equals_explicit_eights(gen):
     qweight, scales, zeros = packed_weight(gen, 40, 256, 64, sym=True)
     assert bool((zeros == wk.SYM_ZERO).all())

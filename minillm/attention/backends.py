@@ -67,9 +67,11 @@ class TorchBackend:
                                               enable_gqa=gqa)
 
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
-               max_seqlen_k=None, sm_scale=None):
+               max_seqlen_k=None, sm_scale=None, cu_seqlens_host=None):
+        """cu_seqlens_host: (cu_seqlens_q, cu_seqlens_k) as host ints, when the caller has
+        them: splitting the rows by the device tensors reads them back (a sync on CUDA)."""
         out = torch.empty_like(q)
-        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        cq, ck = cu_seqlens_host or (cu_seqlens_q.tolist(), cu_seqlens_k.tolist())
         for i in range(len(cq) - 1):
             qs = q[cq[i]:cq[i + 1]].transpose(0, 1)[None]  # [1, Hq, Tq, D]
             ks = k[ck[i]:ck[i + 1]].transpose(0, 1)[None]
@@ -139,7 +141,7 @@ class TritonBackend(TorchBackend):
         return flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)
 
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
-               max_seqlen_k=None, sm_scale=None):
+               max_seqlen_k=None, sm_scale=None, cu_seqlens_host=None):
         from ..kernels import flash_attention_varlen
         if max_seqlen_q is None:
             max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())

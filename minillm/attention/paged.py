@@ -110,6 +110,9 @@ class PagedAttentionMetadata:
     max_seqlen_q: int
     max_seqlen_k: int
     prefill_key_slots: torch.Tensor     # [sum of contexts] long
+    # cu_seqlens_q and cu_seqlens_k as host ints, for a backend that splits the prefill rows
+    # in Python (the torch one): reading the device tensors back would sync once per layer.
+    cu_seqlens_host: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     @classmethod
     def build(cls, seqs: list[tuple[list[int], int, int]], block_size: int,
@@ -156,11 +159,11 @@ class PagedAttentionMetadata:
             torch.repeat_interleave(torch.cumsum(p_ctx, 0) - p_ctx, p_ctx)
         key_slots = _slots(tables[p_row], p_pos[:, None], block_size)[:, 0]
         zero = torch.zeros(1, dtype=torch.int32, device=device)
-        return cls(slot_mapping, nd, d_tables.int(), d_ctx.int(), groups,
-                   torch.cat([zero, torch.cumsum(qlens[nd:], 0).int()]),
-                   torch.cat([zero, torch.cumsum(p_ctx, 0).int()]),
+        cu_q = torch.cat([zero, torch.cumsum(qlens[nd:], 0).int()])
+        cu_k = torch.cat([zero, torch.cumsum(p_ctx, 0).int()])
+        return cls(slot_mapping, nd, d_tables.int(), d_ctx.int(), groups, cu_q, cu_k,
                    max(lens[nd:], default=0), int(p_ctx.max()) if len(p_ctx) else 0,
-                   key_slots)
+                   key_slots, (tuple(cu_q.tolist()), tuple(cu_k.tolist())))
 
 
     @classmethod
@@ -248,5 +251,6 @@ class PagedAttentionContext:
             keys = k_cache.view(-1, hkv, dim).index_select(0, m.prefill_key_slots)
             values = v_cache.view(-1, hkv, dim).index_select(0, m.prefill_key_slots)
             parts.append(self.backend.varlen(q[nd:], keys, values, m.cu_seqlens_q,
-                                             m.cu_seqlens_k, m.max_seqlen_q, m.max_seqlen_k))
+                                             m.cu_seqlens_k, m.max_seqlen_q, m.max_seqlen_k,
+                                             cu_seqlens_host=m.cu_seqlens_host))
         return (parts[0] if len(parts) == 1 else torch.cat(parts))[None]

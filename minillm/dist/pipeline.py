@@ -158,14 +158,17 @@ def _pp_worker(rank: int, pp_size: int, batch: torch.Tensor, num_microbatches: i
         tdist.all_gather_object(ledgers, ledger)
         flat = [e for rank_events in gathered for e in rank_events]
         timelines.append((_makespan(flat), flat, ledgers))
-    # The logits go from the last stage to rank 0 (outside the timed schedule).
-    logits = torch.empty(*batch.shape, model.config.vocab_size, dtype=torch.float32)
+    # The logits go from the last stage to rank 0 (outside the timed schedule), on the
+    # ranks' device: a process group on NCCL has no CPU backend to carry a CPU tensor.
+    logits = torch.empty(*batch.shape, model.config.vocab_size, dtype=torch.float32,
+                         device=model.device)
     if pp_size > 1 and rank == pp_size - 1:
-        tdist.send(torch.cat(outputs).cpu(), 0)
+        tdist.send(torch.cat(outputs).float().contiguous(), 0)
     elif pp_size > 1 and rank == 0:
         tdist.recv(logits, pp_size - 1)
     else:
-        logits = torch.cat(outputs).cpu()
+        logits = torch.cat(outputs).float()
+    logits = logits.cpu()
     if rank != 0:
         return None
     makespan, flat, ledgers = sorted(timelines, key=lambda t: t[0])[len(timelines) // 2]

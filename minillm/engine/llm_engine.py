@@ -65,6 +65,7 @@ from dataclasses import replace
 import torch
 
 from ..attention.paged import choose_decode_path, static_decode_problem
+from ..devices import make_current
 from ..paged.block_manager import BlockManager
 from ..paged.kv_cache import PagedKVCache
 from ..prompts import check_context_length, check_prompt
@@ -102,6 +103,7 @@ class LLMEngine:
             raise TypeError(f"unknown engine option(s) {unknown}; the options are "
                             f"{list(EngineConfig.option_names())}")
         self.model, self.tokenizer = model, tokenizer
+        make_current(model.device)  # the graphs, streams and Triton launches go to its GPU
         self._requested = config or EngineConfig(**options)
         config = self._resolve_sizes(self._requested, model)
         self.block_manager = BlockManager(config.num_blocks, config.block_size,

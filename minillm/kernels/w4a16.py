@@ -515,6 +515,12 @@ def _tile_counters(device: torch.device) -> torch.Tensor:
     """The device's split-K tile counters: zero between launches (the kernel resets them)."""
     c = _counters.get(device)
     if c is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # Made here, their zeroing would be a node of the graph, not run now: an eager
+            # split-K launch before the first replay would read garbage counts.
+            raise RuntimeError("the W4A16 split-K counters of a device are made at its first "
+                               "launch, and this one is inside a CUDA-graph capture; run the "
+                               "model once on the device before capturing")
         c = _counters[device] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
     return c
 

@@ -60,7 +60,7 @@ def search_scale(weights: list[torch.Tensor], act_mean: torch.Tensor, block, ref
         alpha = i / grid
         s = normalised_scales(act_mean, alpha)
         trial = [fake_quantize(w * s, bits, group_size, sym) / s for w in weights]
-        err = (block(trial) - reference).pow(2).mean().item()
+        err = (block(trial) - reference).float().pow(2).mean().item()  # fp16 would overflow
         errors.append(err)
         if err < best[2]:
             best = (s, alpha, err)
@@ -75,7 +75,8 @@ def clip_search(w: torch.Tensor, x: torch.Tensor, bits: int, group_size: int, sy
     max_val [out, groups]; clamp each group to ±max_val before quantizing."""
     out_features, in_features = w.shape
     G = in_features // group_size
-    xg = x.reshape(-1, G, group_size)                         # [T, G, g]
+    w = w.float()  # squared output errors overflow fp16 and round coarsely in bf16
+    xg = x.float().reshape(-1, G, group_size)                 # [T, G, g]
     best = torch.empty(out_features, G, device=w.device)
     for o0 in range(0, out_features, oc_batch):
         wg = w[o0:o0 + oc_batch].reshape(-1, G, group_size)    # [o, G, g]

@@ -61,9 +61,16 @@ class QuantLinear(Linear):
 
     def _apply(self, fn, recurse=True):
         # model.to(bfloat16) / .half() must move the packed weight but keep the scales and
-        # zeros in fp32: every kernel computes (u − z) · s in fp32, then casts.
-        super()._apply(fn, recurse)
-        self.scales, self.zeros = self.scales.float(), self.zeros.float()
+        # zeros in fp32, bit for bit: every kernel computes (u − z) · s in fp32, and a scale
+        # cast to bf16 and back has lost its low bits. They sit out the cast as int32 views
+        # (Module casts floating-point tensors only) and move with everything else.
+        for name in ("scales", "zeros"):
+            self._buffers[name] = self._buffers[name].float().view(torch.int32)
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            for name in ("scales", "zeros"):
+                self._buffers[name] = self._buffers[name].view(torch.float32)
         return self
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:

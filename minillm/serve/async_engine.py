@@ -32,6 +32,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import torch
+
+from ..devices import make_current
 from ..engine.request import SamplingParams
 from .config import ServeConfig
 from .detok import IncrementalDetokenizer, TokenTable
@@ -88,6 +91,16 @@ class RequestStream:
             open_samples -= delta.finish_reason is not None
 
 
+def is_device_error(exc: BaseException) -> bool:
+    """Is ``exc`` a CUDA error (an illegal address, a device-side assert)? After one, the
+    CUDA context is unusable: every later step raises too, so a server must stop reporting
+    itself live and be restarted. A Python error in the engine is not sticky."""
+    accelerator_error = getattr(torch, "AcceleratorError", None)  # torch >= 2.8
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    return isinstance(exc, RuntimeError) and str(exc).startswith("CUDA error")
+
+
 class AsyncEngine:
     def __init__(self, engine, tokenizer, config: ServeConfig, metrics: ServerMetrics):
         self.engine, self.config, self.metrics = engine, config, metrics
@@ -97,7 +110,11 @@ class AsyncEngine:
         self._pending_adds: list[RequestStream] = []
         self._adding: list[RequestStream] = []  # handed to the engine thread this turn
         self._pending_aborts: set[str] = set()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="minillm-engine")
+        # The engine thread makes the model's GPU its current device: a new thread starts at
+        # cuda:0, where Triton would launch the kernels of a model on cuda:1.
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="minillm-engine",
+                                            initializer=make_current,
+                                            initargs=(engine.model.device,))
         self._ids = itertools.count()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -106,6 +123,7 @@ class AsyncEngine:
         self.warmed = False                   # the warm-up generation has finished
         self.warmup_error: str | None = None
         self._step_since: float | None = None  # monotonic start of the step in flight
+        self.device_error: str | None = None  # a CUDA error: every later step would fail too
         self.snapshot = self._snapshot()
         metrics.update_engine(self.snapshot, 0)
 
@@ -134,6 +152,9 @@ class AsyncEngine:
         """None when the engine loop runs and its current step (if any) is not stalled."""
         if self._task is None or self._task.done():
             return "the engine loop is not running"
+        if self.device_error is not None:
+            return (f"the device failed ({self.device_error}); a CUDA error is sticky: "
+                    "restart the process")
         since = self._step_since
         if since is not None and time.monotonic() - since > self.config.stall_timeout_s:
             return (f"the engine step in flight has run for {time.monotonic() - since:.1f} s, "
@@ -244,10 +265,12 @@ class AsyncEngine:
             try:
                 outputs, rejected, self.snapshot = await loop.run_in_executor(
                     self._executor, self._work, adds, aborts)
-            except Exception:
+            except Exception as exc:
                 self._step_since = None
                 self._adding = []  # an engine bug: fail every request, keep the server up
                 log.exception("engine step failed; failing all in-flight requests")
+                if is_device_error(exc):  # ... unless the GPU is gone: then stop being live
+                    self.device_error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
                 for stream in list(self.streams.values()):
                     self._fail(stream, internal_error())
                     self._pending_aborts.add(stream.request_id)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 
 MODEL_NAME = "smollm2-135m-instruct"
 DTYPES = ("float32", "bfloat16", "float16")
+ATTN_BACKENDS = ("torch", "triton")
 DEVICE_TEXT = re.compile(r"^(cpu|cuda)(:\d+)?$")
 MAX_BODY_BYTES = 1 << 20  # 1 MiB
 
@@ -42,6 +43,8 @@ class ServeConfig:
     model_name: str = MODEL_NAME
     device: str | None = None               # cpu, cuda, cuda:N; None: the default device
     dtype: str | None = None                # float32, bfloat16, float16; None: the device's
+    attn_backend: str | None = None         # torch, triton; None: triton on CUDA (its steps
+                                            # replay CUDA graphs), torch on a CPU
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_queue_len", "block_size",
@@ -66,6 +69,9 @@ class ServeConfig:
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"ServeConfig.dtype must be one of {DTYPES} (or None for the "
                              f"device's default), got {self.dtype!r}")
+        if self.attn_backend is not None and self.attn_backend not in ATTN_BACKENDS:
+            raise ValueError(f"ServeConfig.attn_backend must be one of {ATTN_BACKENDS} (or None: "
+                             f"triton on CUDA, torch on a CPU), got {self.attn_backend!r}")
         if not isinstance(self.model_name, str) or not self.model_name:
             raise ValueError(f"ServeConfig.model_name must be a non-empty str, "
                              f"got {self.model_name!r}")
@@ -75,10 +81,18 @@ class ServeConfig:
         return tuple(f.name for f in fields(cls))
 
     def load_options(self) -> dict:
-        """`load_model`'s device and dtype (None: the defaults)."""
+        """`load_model`'s device, dtype (None: the defaults) and attention backend. On CUDA
+        the engine needs the Triton one: with torch attention its steps stay eager (no CUDA
+        graphs) and split prefill rows on the host."""
         import torch
+        from ..devices import default_device
+        backend = self.attn_backend
+        if backend is None:
+            kind = default_device().type if self.device is None else torch.device(self.device).type
+            backend = "triton" if kind == "cuda" else "torch"
         return {"device": self.device,
-                "dtype": None if self.dtype is None else getattr(torch, self.dtype)}
+                "dtype": None if self.dtype is None else getattr(torch, self.dtype),
+                "attn_backend": backend}
 
     def cli_args(self) -> list[str]:
         """`python -m minillm serve`'s flags for this config's options (all but host and
@@ -88,7 +102,7 @@ class ServeConfig:
         for name in ("port", "max_num_seqs", "max_queue_len", "num_blocks", "block_size",
                      "max_num_batched_tokens", "drain_timeout_s", "health_timeout_s",
                      "default_max_tokens", "max_n", "retry_after_s", "stream_tokens_per_event",
-                     "stall_timeout_s", "device", "dtype"):
+                     "stall_timeout_s", "device", "dtype", "attn_backend"):
             value = getattr(self, name)
             if value is not None:
                 args += ["--" + name.removesuffix("_s").replace("_", "-"), str(value)]
