@@ -255,6 +255,23 @@ def test_layouts_the_kernel_does_not_take_use_the_plain_path(gen, monkeypatch):
     assert not launched
 
 
+def test_fp32_tiled_launches_take_a_narrow_k_step_on_a_gpu(gen, monkeypatch):
+    # At BLOCK_K 64 the fp32 GEMM spills 8.6 KB a thread on sm_90 (its FMA dot holds both
+    # K-wide operands in registers): on a GPU, fp32 with M > 1 steps 16 at a time, on a
+    # tile pinned not to spill. The GEMV (M = 1) and 16-bit x keep the group's step.
+    qweight, _, _ = packed_weight(gen, 64, 256, 64, sym=True)
+    monkeypatch.setattr(wk, "interpreter_enabled", lambda: False)
+    bk = {(m, dt): wk.bucket_of_call(torch.empty(m, 256, dtype=dt), qweight, 64)[1]["bk"]
+          for m in (1, 8, 300) for dt in (torch.float32, torch.bfloat16)}
+    assert bk == {(1, torch.float32): 64, (8, torch.float32): 16, (300, torch.float32): 16,
+                  (1, torch.bfloat16): 64, (8, torch.bfloat16): 64, (300, torch.bfloat16): 64}
+    for arch in tuning.PINNED_ARCHS:
+        cfg = wk.W4A16_GEMM.pinned({"M": 256, "bk": 16, "dt": 32}, arch)
+        assert (cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps) == (32, 128, 4)
+    monkeypatch.setattr(wk, "interpreter_enabled", lambda: True)  # keeps the wide step tested
+    assert wk.bucket_of_call(torch.empty(8, 256), qweight, 64)[1]["bk"] == 64
+
+
 def test_block_k_and_buckets():
     assert [wk._block_k(g) for g in (32, 64, 96, 128, 192, 576, 48, 24)] == \
         [32, 64, 32, 64, 64, 64, 16, None]

@@ -120,11 +120,15 @@ from . import tuning
 from ._dot import dot
 from ._checks import check_packed_linear
 from ._grid import cdiv
+from .interpreter import interpreter_enabled
 
 __all__ = ["w4a16_linear"]
 
 MAX_BLOCK_K = 64          # the largest K step (a power of two dividing the group size)
 MIN_BLOCK_K = 16          # groups with no power-of-two divisor this large take the plain path
+FP32_TILED_BLOCK_K = 16   # fp32 x on a GPU, M > 1: the FMA dot holds both K-wide operands in
+                          # registers (at 64 the GEMM spills 8.6 KB a thread on sm_90; at 16
+                          # no pinned fp32 tile spills: cuobjdump --dump-resource-usage)
 GEMV_MAX_M = 16           # up to here "w4a16_gemv" (M = 1) / "w4a16_small_m"; then "w4a16_gemm"
 DEQUANT_MIN_M = 1024      # from here: dequantize once, then torch.matmul (to set by measurement)
 COUNTER_SLOTS = 1 << 16   # split-K tile counters per device (256 KiB)
@@ -460,6 +464,8 @@ W4A16_SMALL_M = tuning.register(tuning.Tunable(
 ))
 
 # 16 < M < DEQUANT_MIN_M (prefill chunks, large batches): tiled, BLOCK_M from the config.
+_GEMM_DEFAULT = triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 1}, num_warps=4,
+                              num_stages=3)
 W4A16_GEMM = tuning.register(tuning.Tunable(
     name="w4a16_gemm", fn=_w4a16_kernel,
     configs=tuple(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk}, num_warps=w,
@@ -470,10 +476,14 @@ W4A16_GEMM = tuning.register(tuning.Tunable(
                       (64, 64, 2, 4, 3), (64, 128, 2, 4, 4), (64, 64, 4, 4, 4),
                       (128, 64, 1, 4, 3), (128, 128, 1, 8, 3), (128, 128, 2, 8, 3),
                       (128, 128, 1, 8, 4), (128, 64, 2, 4, 4))),
-    default=triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 1}, num_warps=4,
-                          num_stages=3),
+    default=_GEMM_DEFAULT,
     interpreter=triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "SPLIT_K": 1}, num_warps=4,
                               num_stages=1),
+    # fp32: the largest candidate tile that spills nothing at BLOCK_K 16 (229 registers on
+    # sm_90; the default's 64 x 128 spills 456 B a thread).
+    analytic=lambda b: (triton.Config({"BLOCK_M": 32, "BLOCK_N": 128, "SPLIT_K": 1},
+                                      num_warps=4, num_stages=3) if b["dt"] == 32
+                        else _GEMM_DEFAULT),
     bucket_space={"M": (64, 256, 1024), "bk": (16, 32, 64), "dt": (16, 32)},
     signature=_SIGNATURE,
     constexprs=lambda b: {"BLOCK_K": b["bk"], "HAS_ZEROS": True, "ROW_ALIGN": 4,
@@ -581,6 +591,7 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if dequantize_first:
         w = _dequantize(qw32, row_align, scales, zeros, group_size, block_k, n, k, x.dtype)
         return torch.matmul(x2, w.T, out=out).reshape(*lead, n)  # compute-bound: cuBLAS
+    block_k = _tiled_block_k(block_k, m, x.dtype)
     tunable, bucket = bucket_for(m, n, k, block_k, x.dtype)
     block_m = 1 if m == 1 else 16
     tunable.run(bucket, lambda cfg: _launch(x2, qw32, row_align, scales, zeros, out,
@@ -594,8 +605,18 @@ def bucket_of_call(x: torch.Tensor, qweight: torch.Tensor, group_size: int):
     block_k = _block_k(group_size)
     if _as_words(qweight) is None or block_k is None:
         return None
-    m = x.numel() // x.shape[-1]
-    return bucket_for(min(m, DEQUANT_MIN_M - 1), qweight.shape[0], x.shape[-1], block_k, x.dtype)
+    m = min(x.numel() // x.shape[-1], DEQUANT_MIN_M - 1)
+    return bucket_for(m, qweight.shape[0], x.shape[-1], _tiled_block_k(block_k, m, x.dtype),
+                      x.dtype)
+
+
+def _tiled_block_k(block_k: int, m: int, dtype: torch.dtype) -> int:
+    """The K step of a kernel launch: FP32_TILED_BLOCK_K for fp32 x on a GPU in the tiled
+    paths (M > 1; it divides every group the kernel takes, as block_k >= 16 does), else
+    `block_k`. The interpreter has no registers to spill and keeps the wide step tested."""
+    if m > 1 and dtype == torch.float32 and not interpreter_enabled():
+        return FP32_TILED_BLOCK_K
+    return block_k
 
 
 def _launch(x2, qw32, row_align, scales, zeros, out, group_size, block_k, block_m, cfg):
