@@ -270,3 +270,28 @@ def test_default_backend_needs_a_gpu_per_rank(monkeypatch):
     assert launch_module.default_backend(3) == "gloo"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert launch_module.default_backend(1) == "gloo"
+
+
+def test_timed_collectives_on_a_gpu_drain_the_stream_around_them_but_not_isend(monkeypatch):
+    # Under NCCL a collective returns once queued; its ledger seconds must cover its run.
+    from minillm.dist import comm
+
+    log = []
+
+    class Stream:
+        def synchronize(self):
+            log.append("sync")
+
+    class CudaTensor:  # what _timed asks of a tensor on a GPU
+        is_cuda, device = True, torch.device("cuda", 0)
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    ledger = dist.CommLedger()
+    monkeypatch.setattr(ledger, "add", lambda op, tensor, seconds: log.append(op))
+    with dist.use_ledger(ledger):
+        comm._timed("all_reduce", CudaTensor(), lambda: log.append("call"))
+        comm._timed("send", CudaTensor(), lambda: log.append("call"))
+    assert log == ["sync", "call", "sync", "all_reduce", "call", "send"]
+    log.clear()
+    comm._timed("all_reduce", CudaTensor(), lambda: log.append("call"))  # no ledger: no syncs
+    assert log == ["call"]

@@ -116,8 +116,17 @@ def active_ledger() -> CommLedger | None:
 
 
 def _timed(op: str, tensor: torch.Tensor, call):
+    # Under NCCL a collective returns once it is queued: the seconds are the host's unless
+    # the compute stream is drained before and after (the queued compute is not the
+    # collective's; its end is when the stream has it). An isend stays asynchronous: waiting
+    # for it would wait for the receiver and serialize the pipeline being measured.
+    settle = _ACTIVE is not None and tensor.is_cuda and op != "send"
+    if settle:
+        torch.cuda.current_stream(tensor.device).synchronize()
     start = time.perf_counter()
     result = call()
+    if settle:
+        torch.cuda.current_stream(tensor.device).synchronize()
     if _ACTIVE is not None:
         _ACTIVE.add(op, tensor, time.perf_counter() - start)
     return result

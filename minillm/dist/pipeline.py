@@ -102,6 +102,8 @@ def gpipe_forward(model, stage: int, pp_size: int, microbatches: list[torch.Tens
             events.append((stage, "recv", m, t, time.perf_counter()))
         t = time.perf_counter()
         y = stage_forward(model, stage, pp_size, x, positions)
+        if y.is_cuda:  # the stage's end is when its kernels ran, not when they were queued
+            torch.cuda.current_stream(y.device).synchronize()
         events.append((stage, "fwd", m, t, time.perf_counter()))
         if stage < pp_size - 1:
             t = time.perf_counter()
