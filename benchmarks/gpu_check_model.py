@@ -430,7 +430,7 @@ def check_serving(run) -> None:
 
     def engine(backend, **kw):
         model.set_attn_backend(backend)
-        r = serving.run_engine(model, reqs, max_num_seqs=64, **kw)
+        r = serving.run_engine(model, reqs, max_num_seqs=64, attn_backend=backend, **kw)
         return {"tok_s": r["tok_s"], "wall_s": r["wall_s"], "ttft_p50_s": r["ttft_p50_s"],
                 "itl_p50_ms": 1e3 * r["itl_p50_s"], "decode_path": r["decode_path"],
                 "cuda_graphs": not r["enforce_eager"],
@@ -501,7 +501,8 @@ def check_serving(run) -> None:
         model.set_attn_backend("torch")
         try:
             ms = serving.decode_step_ms(model, batch, run.pick(20, 10, 3),
-                                        run.pick(128, 128, 8), decode_path="gather")
+                                        run.pick(128, 128, 8), decode_path="gather",
+                                        attn_backend="torch")  # not the engine's Triton
         finally:
             model.set_attn_backend("triton")
         return {"system": f"engine decode step, batch {batch}, torch (gather)",

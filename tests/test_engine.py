@@ -324,6 +324,27 @@ def test_triton_backend_matches_torch_backend(model):
     triton_out = LLMEngine(triton_model, num_blocks=32, block_size=BS).generate(prompts, sp)
     assert triton_out == torch_out
     assert torch_out == reference(model, prompts, [sp] * 3)
+    # The engine's own backend (EngineConfig.attn_backend) over a torch-backend model: the
+    # same tokens, and the model keeps its backend.
+    engine = LLMEngine(model, num_blocks=32, block_size=BS, attn_backend="triton")
+    assert engine.config.attn_backend == "triton" and engine.runner.backend.name == "triton"
+    assert engine.generate(prompts, sp) == torch_out and model.attn_backend.name == "torch"
+
+
+def test_on_cuda_the_engine_attends_with_triton_whatever_the_model_has(model):
+    """With the torch backend every decode step would run eagerly on CUDA (its gather
+    cannot be captured) and be launch-bound; the engine takes Triton there unless asked
+    otherwise. A CUDA model is pretended: only its device and backend are asked."""
+    from minillm.engine.llm_engine import engine_attn_backend
+
+    class OnCuda:
+        device, attn_backend = torch.device("cuda", 0), model.attn_backend
+
+    assert engine_attn_backend(None, OnCuda()).name == "triton"
+    assert engine_attn_backend("torch", OnCuda()).name == "torch"
+    assert engine_attn_backend(None, model) is model.attn_backend  # a CPU: the model's own
+    with pytest.raises(ValueError, match="EngineConfig.attn_backend must be None"):
+        minillm.EngineConfig(attn_backend="flash")
 
 
 @pytest.mark.slow

@@ -355,6 +355,21 @@ def test_costs_and_timings_on_the_tiny_model(tiny):
         steps.verify_cost(2, 3)
 
 
+def test_plain_decoding_is_timed_eagerly_like_the_speculative_passes(tiny, monkeypatch):
+    # On CUDA generate replays a graph by default, while the speculative loop's passes and
+    # verify_costs run eagerly: the plain side must run eagerly too, or the lab compares
+    # launch overheads (a speedup of ~0.1x on an H100), not speculation.
+    from minillm import decode_graph
+
+    asked, real = [], decode_graph.use_cuda_graph
+    monkeypatch.setattr(decode_graph, "use_cuda_graph",
+                        lambda requested, *a: asked.append(requested) or real(requested, *a))
+    prompt = [5, 6, 7, 8] * 4
+    spec_runs.measure_speedup(tiny, spec.NgramDraft, prompt, (1,), 4, repeats=1)
+    spec_runs.trace_speculation(tiny, spec.NgramDraft(), prompt, 4, k=1)
+    assert asked and all(a is False for a in asked), asked
+
+
 # ----------------------------------------------------------------------- the quiz
 
 

@@ -429,31 +429,3 @@ def test_validation_says_which_way_the_real_server_differed():
                                           "real server": {"e2e p50": 0.67, "ttft p99": 2.1, "tok/s": 6}})
     text = v.verdict()
     assert "median e2e 0.67 s against 1.22 s: faster" in text and "p99 TTFT 2.10 s against 1.90 s: slower" in text
-
-
-def test_on_cuda_the_engine_runs_as_deployed_with_triton_attention(tiny, monkeypatch):
-    """On CUDA a deployment is served with Triton attention (its engine steps replay CUDA
-    graphs; with the torch backend every step is eager and launch-bound, and bf16 would
-    measure about as fast as fp32); the model's own backend is restored after. CUDA is
-    pretended here: the Triton kernels run in the interpreter on the CPU."""
-    import torch
-
-    from minillm import devices
-    from minillm.attention.backends import TritonBackend
-    from minillm.engine import LLMEngine
-
-    seen, real = [], LLMEngine.__init__
-
-    def spy(self, model, *args, **kw):
-        seen.append(type(model.attn_backend))
-        real(self, model, *args, **kw)
-
-    monkeypatch.setattr(LLMEngine, "__init__", spy)
-    monkeypatch.setattr(devices, "is_cuda", lambda device=None: True)
-    backend = tiny.attn_backend
-    reqs = [([5, 6, 7, 8], 3), ([9, 10], 3)]
-    tokens, wall, ttft = deploy_runs._run_engine(tiny, reqs, deploy_runs.Deployment())
-    assert seen == [TritonBackend] and tiny.attn_backend is backend
-    monkeypatch.setattr(devices, "is_cuda", lambda device=None: False)
-    assert deploy_runs._run_engine(tiny, reqs, deploy_runs.Deployment())[0] == tokens
-    assert seen[1] is type(backend) and len(tokens[0]) == 3 and wall > 0

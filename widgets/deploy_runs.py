@@ -198,21 +198,10 @@ class Capstone:
 
 
 def _run_engine(model, requests, d: Deployment):
-    """Serve ``requests`` as deployed. On CUDA that is with Triton attention, whose engine
-    steps replay CUDA graphs; with the torch backend every step runs eagerly there, bound
-    by its kernel launches, and every weight format would measure about the same."""
-    from minillm.devices import is_cuda
-
-    backend = model.attn_backend
-    if is_cuda(model.device):
-        model.set_attn_backend("triton")
-    try:
-        return _serve(model, requests, d)
-    finally:
-        model.set_attn_backend(backend)
-
-
-def _serve(model, requests, d: Deployment):
+    """Serve ``requests`` as deployed. On CUDA the engine's attention is Triton's whatever
+    the model was loaded with (`EngineConfig.attn_backend`), so its steps replay CUDA graphs;
+    eager steps there are bound by their launches, and every weight format would measure
+    about the same."""
     from minillm.engine import LLMEngine, SamplingParams
 
     engine = LLMEngine(model, max_num_seqs=d.max_num_seqs, max_num_batched_tokens=d.max_num_batched_tokens,

@@ -151,7 +151,8 @@ def trace_speculation(model, draft, prompt_ids, max_new_tokens: int, k: int,
     checked against ``reference`` (plain greedy decoding's; computed if not given)."""
     traced = TracedDraft(draft)
     out = speculative_generate(model, traced, prompt_ids, max_new_tokens, k=k)
-    ref = generate(model, prompt_ids, max_new_tokens) if reference is None else list(reference)
+    ref = (generate(model, prompt_ids, max_new_tokens, cuda_graph=False) if reference is None
+           else list(reference))
     if out.tokens != ref:
         raise AssertionError("speculative decoding changed the text: it must give plain greedy "
                              "decoding's tokens exactly")
@@ -197,9 +198,12 @@ class VerifyCost:
 
 def _plain_decode_s(model, ids, max_new_tokens):
     """(prefill seconds, decode seconds, tokens) of one plain greedy run: the decode is timed
-    from the first token (the prefill's) to the last, in the same run as its prefill."""
+    from the first token (the prefill's) to the last, in the same run as its prefill. Eager,
+    as the speculative loop's passes and `verify_costs` are: on CUDA a graph-replayed plain
+    decode (generate's default there) against eager verify passes would compare launch
+    overheads, not the method (a speedup of ~0.1x on an H100, where eager is launch-bound)."""
     t0 = _clock(model)
-    stream = generate_stream(model, ids, max_new_tokens)
+    stream = generate_stream(model, ids, max_new_tokens, cuda_graph=False)
     out = [next(stream)]
     t1 = _clock(model)
     out += list(stream)
@@ -271,7 +275,7 @@ def measure_speedup(model, make_draft, prompt_ids, ks, max_new_tokens: int = 32,
     machine's load, so a busy spell slows both sides of a ratio instead of one. Times are the
     medians."""
     ids = list(prompt_ids)
-    ref = generate(model, ids, max_new_tokens)
+    ref = generate(model, ids, max_new_tokens, cuda_graph=False)  # eager, as timed below
     prefills, plains = [], []
     spec_s = {k: [] for k in ks}
     kept = {}  # k -> (output, draft seconds) of the last repeat: the same tokens every time

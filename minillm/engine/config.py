@@ -13,6 +13,13 @@ The values that depend on the model (`max_model_len` = the model's context lengt
 steps go through CUDA graphs) may be left None; `LLMEngine` resolves them and keeps the
 resolved config (`dataclasses.replace`), so `engine.config` always says what is in use.
 
+Attention (`attn_backend`): the engine's paged attention runs on its own backend, not
+necessarily the model's. None resolves to "triton" on CUDA, whatever the model was loaded
+with: with the torch backend a decode step gathers K/V into padded tensors, which cannot be
+captured, so every step would run eagerly there, bound by its launches (24-36 ms a step
+for SmolLM2 on an H100, against ~1 ms replayed). Elsewhere None is the model's own backend.
+The model's backend is left as it is (its `generate` and forward keep using it).
+
 CUDA graphs (`minillm.engine.cuda_graph`). `enforce_eager=None` resolves to False (graphs)
 on CUDA when the decode path can be captured (the Triton backend), else True. On a CPU it
 resolves to True: there is nothing to capture, and padding a batch to its bucket only adds
@@ -36,7 +43,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from ..attention.backends import BACKENDS
 from ..attention.paged import DECODE_PATHS
+
+ATTN_BACKENDS = tuple(BACKENDS)
 
 SCHEDULING = ("continuous", "static")
 
@@ -58,6 +68,7 @@ class EngineConfig:
     # preempt them at once: thrashing). vLLM's default.
     watermark: float = 0.01
     max_model_len: int | None = None           # None: the model's context length
+    attn_backend: str | None = None            # None: "triton" on CUDA, else the model's
     decode_path: str | None = None             # None: the fastest this machine supports
     enforce_eager: bool | None = None          # None: CUDA graphs where they apply (above)
     max_cudagraph_capture_size: int = 512      # the largest decode batch with a graph
@@ -90,6 +101,9 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.scheduling (the batching policy) must be one of "
                              f"{SCHEDULING}, "
                              f"got {self.scheduling!r}")
+        if self.attn_backend is not None and self.attn_backend not in ATTN_BACKENDS:
+            raise ValueError(f"EngineConfig.attn_backend must be None (Triton on CUDA, else the "
+                             f"model's) or one of {ATTN_BACKENDS}, got {self.attn_backend!r}")
         if self.decode_path is not None and self.decode_path not in DECODE_PATHS:
             raise ValueError(f"decode_path must be None (choose) or one of {DECODE_PATHS}, "
                              f"got {self.decode_path!r}")

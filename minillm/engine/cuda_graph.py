@@ -65,8 +65,9 @@ def capture_sizes(max_num_seqs: int, max_capture_size: int) -> list[int]:
 class DecodeGraphs:
     """Padded decode steps, captured per bucket on CUDA (run eagerly on a CPU)."""
 
-    def __init__(self, model, kv_cache: PagedKVCache, block_manager, config):
+    def __init__(self, model, kv_cache: PagedKVCache, block_manager, config, backend=None):
         self.model, self.kv_cache, self.path = model, kv_cache, config.decode_path
+        self.backend = model.attn_backend if backend is None else backend  # the engine's
         self.block_manager = block_manager
         self.sizes = capture_sizes(config.max_num_seqs, config.max_cudagraph_capture_size)
         self.max_blocks = -(-config.max_model_len // kv_cache.block_size)
@@ -157,7 +158,7 @@ class DecodeGraphs:
         cols = self.dev[:b, :4].t().contiguous()  # [4, b]: ids, positions, slots, lengths
         meta = PagedAttentionMetadata.decode_only(cols[2].long(), self.dev[:b, COLUMNS:],
                                                   cols[3])
-        ctx = PagedAttentionContext(self.model.attn_backend, self.kv_cache, meta, self.path)
+        ctx = PagedAttentionContext(self.backend, self.kv_cache, meta, self.path)
         h = self.model.hidden_states(cols[0][None], cols[1][None], ctx, check=False)
         self.hidden[:b].copy_(h[0])
 

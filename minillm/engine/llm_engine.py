@@ -64,6 +64,7 @@ from dataclasses import replace
 
 import torch
 
+from ..attention.backends import get_backend
 from ..attention.paged import choose_decode_path, static_decode_problem
 from ..devices import make_current
 from ..paged.block_manager import BlockManager
@@ -93,6 +94,17 @@ def default_kv_budget_bytes(device: torch.device) -> int:
     return min(avail // 4, DEFAULT_CPU_KV_BYTES)
 
 
+def engine_attn_backend(requested: str | None, model):
+    """The backend an engine's paged attention runs on (`EngineConfig.attn_backend`): the
+    one requested; else Triton on CUDA (its decode steps can be captured in CUDA graphs);
+    else the model's own."""
+    if requested is not None:
+        return get_backend(requested)
+    if model.device.type == "cuda" and model.attn_backend.name != "triton":
+        return get_backend("triton")
+    return model.attn_backend
+
+
 class LLMEngine:
     def __init__(self, model, tokenizer=None, config: EngineConfig | None = None, **options):
         if config is not None and options:
@@ -112,8 +124,10 @@ class LLMEngine:
         self.kv_cache = PagedKVCache(cfg.num_layers, config.num_blocks, config.block_size,
                                      cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device)
         self.scheduler = Scheduler(self.block_manager, config=config)
-        self.config = self._resolve(config)
-        self.runner = ModelRunner(model, self.kv_cache, self.block_manager, self.config)
+        self.attn_backend = engine_attn_backend(config.attn_backend, model)
+        self.config = self._resolve(replace(config, attn_backend=self.attn_backend.name))
+        self.runner = ModelRunner(model, self.kv_cache, self.block_manager, self.config,
+                                  self.attn_backend)
         self.requests: dict[str, list[Request]] = {}  # unfinished, by request_id
         # Metrics of the most recent finished sequences, oldest first, keyed (request_id,
         # index). Bounded (config.max_finished_metrics), so a long-running server does not
@@ -148,7 +162,7 @@ class LLMEngine:
     def _resolve(self, config: EngineConfig) -> EngineConfig:
         """Decide how steps run, once: the decode path and whether decode steps use CUDA
         graphs (the rules are in `EngineConfig`'s and `minillm.attention.paged`'s docs)."""
-        backend, device = self.model.attn_backend, self.model.device
+        backend, device = self.attn_backend, self.model.device
         path = choose_decode_path(backend, self.kv_cache, config.decode_path)
         problem = static_decode_problem(path, backend, device)
         eager = config.enforce_eager
@@ -157,7 +171,7 @@ class LLMEngine:
         elif not eager and problem:
             raise ValueError(f"enforce_eager=False (CUDA graphs) cannot serve decode_path="
                              f"{path!r}: {problem}; use the Triton backend "
-                             f"(model.set_attn_backend('triton')) or enforce_eager=True")
+                             f"(attn_backend='triton') or enforce_eager=True")
         top = config.max_cudagraph_capture_size
         if not eager and config.max_num_seqs > top:
             warnings.warn(f"max_num_seqs={config.max_num_seqs} is above the largest CUDA-graph "
@@ -187,6 +201,7 @@ class LLMEngine:
                                        enforce_eager=self._requested.enforce_eager,
                                        piecewise_graphs=self._requested.piecewise_graphs))
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, config,
+                                  self.attn_backend,
                                   pieces=self.runner.pieces)  # attention is not in them
         self.config = config
 

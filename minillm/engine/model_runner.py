@@ -50,15 +50,19 @@ class ModelRunner:
     """Runs steps as `config` (the engine's resolved config) says: its decode_path,
     enforce_eager and piecewise_graphs are read here, never changed."""
 
-    def __init__(self, model, kv_cache: PagedKVCache, block_manager, config,
+    def __init__(self, model, kv_cache: PagedKVCache, block_manager, config, backend=None,
                  pieces: PiecewiseGraphs | None = None):
-        """pieces: a runner's PiecewiseGraphs to keep (captured for this model, cache and
-        token budget: they do not depend on the decode path), instead of capturing anew."""
+        """backend: the attention backend of the paged context (None: the model's; the
+        engine passes its own, `EngineConfig.attn_backend`). pieces: a runner's
+        PiecewiseGraphs to keep (captured for this model, cache and token budget: they do
+        not depend on the decode path), instead of capturing anew."""
         self.model, self.kv_cache, self.block_manager = model, kv_cache, block_manager
         self.config = config
+        self.backend = model.attn_backend if backend is None else backend
         self.staging = HostToDevice(model.device)
         self.graphs = None if config.enforce_eager else DecodeGraphs(model, kv_cache,
-                                                                     block_manager, config)
+                                                                     block_manager, config,
+                                                                     self.backend)
         self.pieces = None
         if config.piecewise_graphs:
             self.pieces = pieces or PiecewiseGraphs(model, kv_cache,
@@ -136,8 +140,8 @@ class ModelRunner:
         if dst:
             dst_t, src_t, *tensors = tensors
             inputs_t[0].index_copy_(0, dst_t, prev.ids.index_select(0, src_t).long())
-        ctx = PagedAttentionContext(self.model.attn_backend, self.kv_cache,
-                                    meta.with_tensors(tensors), path)
+        ctx = PagedAttentionContext(self.backend, self.kv_cache, meta.with_tensors(tensors),
+                                    path)
         if b is None:
             h = self.model.hidden_states(inputs_t[0][None], inputs_t[1][None], ctx,
                                          check=False)[0]
