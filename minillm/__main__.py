@@ -130,7 +130,8 @@ def _add_serve_parsers(sub) -> None:
     srv.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                      help="default: bfloat16 on CUDA (float16 before Ampere), float32 on a CPU")
     srv.add_argument("--attn-backend", choices=["torch", "triton"], default=None,
-                     help="attention kernels (default: triton on CUDA, torch on a CPU)")
+                     help="the engine's attention kernels (default: triton on CUDA, where "
+                          "its steps replay CUDA graphs; torch on a CPU)")
     srv.add_argument("--log-level", default="info",
                      choices=["critical", "error", "warning", "info", "debug"])
     lg = sub.add_parser("loadgen", help="Poisson load against a local server; latency percentiles")

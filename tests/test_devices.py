@@ -191,13 +191,12 @@ def test_serve_config_device_and_dtype():
     from minillm.serve.config import ServeConfig
 
     c = ServeConfig(device="cuda:1", dtype="bfloat16")
-    assert c.load_options() == {"device": "cuda:1", "dtype": torch.bfloat16,
-                                "attn_backend": "triton"}  # graphs need Triton attention
-    assert ServeConfig(device="cpu").load_options()["attn_backend"] == "torch"
-    chosen = ServeConfig(device="cuda", attn_backend="torch")
-    assert chosen.load_options()["attn_backend"] == "torch"
-    assert ServeConfig().load_options()["device"] is None
-    assert ServeConfig().load_options()["dtype"] is None
+    assert c.load_options() == {"device": "cuda:1", "dtype": torch.bfloat16}
+    assert ServeConfig().load_options() == {"device": None, "dtype": None}
+    assert c.engine_options()["attn_backend"] is None  # the engine's: Triton on CUDA
+    chosen = ServeConfig(attn_backend="torch")
+    assert chosen.engine_options()["attn_backend"] == "torch"
+    assert chosen.cli_args()[-2:] == ["--attn-backend", "torch"]
     with pytest.raises(ValueError, match="ServeConfig.attn_backend must be one of"):
         ServeConfig(attn_backend="flash")
     with pytest.raises(ValueError, match="ServeConfig.device must be cpu, cuda or cuda:N"):

@@ -43,8 +43,8 @@ class ServeConfig:
     model_name: str = MODEL_NAME
     device: str | None = None               # cpu, cuda, cuda:N; None: the default device
     dtype: str | None = None                # float32, bfloat16, float16; None: the device's
-    attn_backend: str | None = None         # torch, triton; None: triton on CUDA (its steps
-                                            # replay CUDA graphs), torch on a CPU
+    attn_backend: str | None = None         # engine: torch, triton; None: triton on CUDA
+                                            # (its steps replay graphs), else the model's
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_queue_len", "block_size",
@@ -71,7 +71,7 @@ class ServeConfig:
                              f"device's default), got {self.dtype!r}")
         if self.attn_backend is not None and self.attn_backend not in ATTN_BACKENDS:
             raise ValueError(f"ServeConfig.attn_backend must be one of {ATTN_BACKENDS} (or None: "
-                             f"triton on CUDA, torch on a CPU), got {self.attn_backend!r}")
+                             f"triton on CUDA, else the model's), got {self.attn_backend!r}")
         if not isinstance(self.model_name, str) or not self.model_name:
             raise ValueError(f"ServeConfig.model_name must be a non-empty str, "
                              f"got {self.model_name!r}")
@@ -81,18 +81,10 @@ class ServeConfig:
         return tuple(f.name for f in fields(cls))
 
     def load_options(self) -> dict:
-        """`load_model`'s device, dtype (None: the defaults) and attention backend. On CUDA
-        the engine needs the Triton one: with torch attention its steps stay eager (no CUDA
-        graphs) and split prefill rows on the host."""
+        """`load_model`'s device and dtype (None: the defaults)."""
         import torch
-        from ..devices import default_device
-        backend = self.attn_backend
-        if backend is None:
-            kind = default_device().type if self.device is None else torch.device(self.device).type
-            backend = "triton" if kind == "cuda" else "torch"
         return {"device": self.device,
-                "dtype": None if self.dtype is None else getattr(torch, self.dtype),
-                "attn_backend": backend}
+                "dtype": None if self.dtype is None else getattr(torch, self.dtype)}
 
     def cli_args(self) -> list[str]:
         """`python -m minillm serve`'s flags for this config's options (all but host and
@@ -112,7 +104,8 @@ class ServeConfig:
         """The EngineConfig options this config carries."""
         return {"max_num_seqs": self.max_num_seqs, "num_blocks": self.num_blocks,
                 "block_size": self.block_size,
-                "max_num_batched_tokens": self.max_num_batched_tokens}
+                "max_num_batched_tokens": self.max_num_batched_tokens,
+                "attn_backend": self.attn_backend}
 
 
 def _check_int(name: str, value, lo: int, hi: int | None = None) -> None:
