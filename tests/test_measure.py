@@ -78,6 +78,35 @@ def test_kernel_intensities_match_calc():
     assert at.intensity == pytest.approx(calc.attention_intensity(50, 16, 4, 2, FP32))
 
 
+def test_on_cuda_operators_replay_a_graph_over_copies_that_fill_twice_the_l2(monkeypatch):
+    # Timed alone, a µs kernel is mostly the host's launch, and repeats re-read operands
+    # the L2 holds. The CUDA branch is driven here with a stand-in time_graph.
+    from minillm.measure import operators
+
+    seen = {}
+
+    def fake_time_graph(fns, replays, device):
+        seen.update(calls=len(fns), distinct=len(set(map(id, fns))), replays=replays)
+        return 1e-6
+
+    made = []
+    monkeypatch.setattr(operators, "time_graph", fake_time_graph)
+    monkeypatch.setattr(operators, "_l2_bytes", lambda dev: 1000)
+    cuda = torch.device("cuda", 0)
+    make = lambda i: made.append(i) or (lambda: None)  # noqa: E731
+    assert operators._op_seconds(make, 300, cuda, warmup=1, repeats=3) == 1e-6
+    assert made == list(range(7)) and seen == {"calls": 20, "distinct": 7, "replays": 3}
+    made.clear()
+    operators._op_seconds(make, 10, cuda, warmup=1, repeats=3)
+    assert len(made) == operators.MAX_COPIES and seen["calls"] == operators.MAX_COPIES
+    made.clear()
+    operators._op_seconds(make, 10, torch.device("cpu"), warmup=1, repeats=3)
+    assert made == [0]  # a CPU times the operands made first, call by call
+    x = torch.ones(3)
+    copies = operators._copies(x)
+    assert copies(0)[0] is x and copies(1)[0] is not x and torch.equal(copies(1)[0], x)
+
+
 def test_kernels_in_bfloat16_count_two_bytes():
     op = measure.measure_matvec(64, 32, dtype=torch.bfloat16, repeats=1)
     assert op.dtype == "bfloat16" and op.dtype_bytes == 2
