@@ -382,6 +382,8 @@ def check_decode(run) -> None:
     variant("CUDA graph", False, True, gemv=False)
     if not wanted or f"w4 CUDA graph{GEMV_OFF}" in wanted:
         run.case(f"w4 CUDA graph{GEMV_OFF}", lambda: w4_case("CUDA graph", True, gemv=False))
+    if not wanted or "launch wall" in wanted:
+        run.case("launch wall", lambda: launch_wall_row(run, model))
     for label, compiled, graph in DECODE_VARIANTS[2:]:
         variant(label, compiled, graph)
     run.notes += [f"batch 1, {len(ids)}-token prompt, {n} new tokens, median of {rounds} "
@@ -408,6 +410,29 @@ def check_decode(run) -> None:
                   "first_s: the first full-length call (autotuning, compilation, capture)"
                   + ("" if run.cuda else "; on a CPU the graph rows run uncaptured"),
                   breakdown_note(run)]
+
+
+def launch_wall_row(run, model) -> dict:
+    """Lab 01's section 8 on this device (`measure.LaunchWall`, torch attention as the lab
+    loads the model): per variant the profiler's operator calls, launches and kernels, the
+    measured step, and the floors its quizzes predict from (q13: eager, q9: compiled). On
+    the H100 the eager step was ~15 ms against a launch floor (launches x one launch) of a
+    few: these columns say which floor formula a GPU's quiz should mark against."""
+    from minillm import measure
+
+    model.set_attn_backend("torch")
+    wall = measure.LaunchWall(model, run.env["bandwidth_GBps"] * 1e9, steps=run.pick(16, 8, 3),
+                              rounds=run.pick(3, 1, 1))
+    out = {"engine": "launch wall (Lab 01 section 8), torch attention",
+           "launch_us": wall.launch_s * 1e6, "bytes_floor_ms": wall.bytes_floor_s * 1e3}
+    for name in measure.launch.default_variants(model.device, quick=True):  # + CUDA graph
+        r, key = wall.measure(name), name.lower().replace(" ", "_")
+        out.update({f"{key}_{k}": round(v, 3) for k, v in (
+            ("host_ops", r.host_ops), ("launches", r.launches), ("kernels", r.kernels),
+            ("step_ms", r.step_s * 1e3), ("launch_floor_ms", wall.launch_floor_s(r) * 1e3),
+            ("ops_floor_ms", r.host_ops * wall.launch_s * 1e3),
+            ("predicted_ms", wall.predicted_s(r) * 1e3))})
+    return out
 
 
 # ----------------------------------------------------------------------------- serving

@@ -298,6 +298,9 @@ def test_cpu_dry_run_exercises_every_section_at_tiny_sizes(tmp_path):
     assert "minillm CUDA graph, torch attention" in engines  # torch: the graph row only
     assert "minillm eager, torch attention" not in engines
     assert "minillm CUDA graph, triton attention, GEMV glue off" in engines
+    wall = next(r for r in by["decode"]["rows"] if r["engine"].startswith("launch wall"))
+    assert wall["eager_step_ms"] > 0 and wall["eager_host_ops"] > 0 and wall["launch_us"] > 0
+    assert "cuda_graph_step_ms" not in wall  # its CUDA-graph columns need CUDA
     assert by["decode"]["skipped"] == [
         "minillm CUDA graph of the compiled step, triton attention (torch.compile cannot "
         "trace Triton's interpreter)",
