@@ -7,6 +7,7 @@ the architecture's shared memory.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -39,7 +40,7 @@ def compiled_branch(monkeypatch):
     monkeypatch.setattr(tuning, "interpreter_enabled", lambda: False)
     monkeypatch.setattr(tuning, "device_arch", lambda device=None: 90)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    saved = dict(tuning._measured), set(tuning._fell_back)
+    saved = dict(tuning._measured), dict(tuning._fell_back), dict(tuning._resolved)
     tuning._measured.clear()
     tuning._fell_back.clear()
     monkeypatch.setattr(tuning, "_ready", {})  # resolved under other tests' patched tables
@@ -49,6 +50,8 @@ def compiled_branch(monkeypatch):
     tuning._measured.update(saved[0])
     tuning._fell_back.clear()
     tuning._fell_back.update(saved[1])
+    tuning._resolved.clear()
+    tuning._resolved.update(saved[2])
 
 
 def test_bucket_keys_round_trip_and_sort():
@@ -189,6 +192,35 @@ def test_a_pinned_config_that_does_not_fit_falls_back_to_the_default(compiled_br
     assert launched == [default, default]
 
 
+def test_when_the_default_does_not_fit_either_the_smallest_candidate_that_fits_runs(
+        compiled_branch, monkeypatch):
+    # An sm_86 reads sm_80's file with 60% of its shared memory: for a large head dim both
+    # the pinned tiles and the default may be too big, while a smaller candidate fits.
+    toy, fast, slow, default = _toy()
+    tiny = triton.Config({"BLOCK_N": 8}, num_warps=2, num_stages=2)
+    toy = dataclasses.replace(toy, configs=(slow, fast, tiny))
+    monkeypatch.setattr(tuning, "pinned_table", lambda arch: {"toy": {
+        "D=128,dt=32": tuning.config_to_dict(slow)}})
+    tuning.set_autotune(False)
+    tried = []
+
+    def launch(cfg):
+        tried.append(cfg.kwargs["BLOCK_N"])
+        if cfg.kwargs["BLOCK_N"] > 8:
+            raise triton.runtime.errors.OutOfResources(1 << 18, 1 << 17, "shared memory")
+
+    with pytest.warns(RuntimeWarning, match="using {'BLOCK_N': 8"):
+        toy.run({"D": 128, "dt": 32}, launch)
+    assert tried == [64, 16, 8]  # pinned, default, then the smallest first
+    assert tuning._resolved[("toy", "D=128,dt=32")] is tiny  # a compiled trace takes it too
+    tried.clear()
+    toy.run({"D": 128, "dt": 32}, launch)
+    assert tried == [8]
+    with pytest.raises(RuntimeError, match="no candidate tile fits this GPU"):
+        toy.run({"D": 64, "dt": 16}, lambda cfg: (_ for _ in ()).throw(
+            triton.runtime.errors.OutOfResources(1 << 18, 1 << 17, "shared memory")))
+
+
 def test_an_unsupported_bucket_and_a_bucket_outside_the_space_say_why(compiled_branch,
                                                                        monkeypatch):
     toy, *_ = _toy()
@@ -226,6 +258,24 @@ def test_every_pinned_config_compiles_for_its_architecture():
                          env=env, capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "0 problem(s)" in res.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="compiles ahead of time on a CPU machine")
+def test_the_check_compiles_what_a_launch_compiles():
+    """Aligned pointers, sizes that are multiples of 16 and unit innermost strides, as a
+    launch specializes them: only then are the loads pipelined, and the shared memory is a
+    launch's. Without them SmolLM2's varlen tile measured 16,384 bytes; launched, 73,728."""
+    code = ("import sys; sys.path.insert(0, 'benchmarks'); import pin_configs as pc\n"
+            "t = pc.tuning.tunables()['flash_attention']\n"
+            "b = dict(D=64, L=1, causal=1, varlen=1, dt=16)\n"
+            "cfg = pc.tuning.triton.Config({'BLOCK_M': 64, 'BLOCK_N': 64}, num_warps=4, "
+            "num_stages=4)\n"
+            "print(pc.shared_bytes(t, b, cfg, 90))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert int(res.stdout.split()[-1]) > 50_000
 
 
 def test_the_lookup_traces_under_torch_compile_without_a_graph_break(monkeypatch):

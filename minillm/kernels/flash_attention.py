@@ -50,6 +50,7 @@ FLASH_ATTENTION = tuning.register(tuning.Tunable(
                "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32", "qk_scale": "fp32"},
     constexprs=lambda b: {"IS_VARLEN": bool(b["varlen"]), "CAUSAL": bool(b["causal"]),
                           "STORE_LSE": False, "BLOCK_D": b["D"]},
+    unit_strides=("stride_qd", "stride_kd", "stride_vd", "stride_od"),
 ))
 
 

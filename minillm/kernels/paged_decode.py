@@ -158,6 +158,7 @@ PAGED_DECODE = tuning.register(tuning.Tunable(
     signature={"Q": "*{dt}", "KC": "*{dt}", "VC": "*{dt}", "BlockTables": "*i32",
                "ContextLens": "*i32", "Out": "*fp32", "Lse": "*fp32", "qk_scale": "fp32"},
     constexprs=lambda b: {"STORE_LSE": bool(b["lse"]), "BLOCK_H": b["H"], "BLOCK_D": b["D"]},
+    unit_strides=("stride_qd", "stride_kd", "stride_vd", "stride_btn", "stride_od"),
 ))
 
 

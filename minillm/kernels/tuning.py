@@ -30,7 +30,7 @@ Invariants:
 * An architecture without a file of its own uses the newest older file of the same major
   (sm_86 and sm_89 use sm_80), or the newest file for a newer major; a pinned config the
   device cannot run (Triton's ``OutOfResources``: less shared memory) falls back to the
-  kernel's default, with one warning.
+  kernel's default, or the smallest candidate that fits, with one warning.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ CONFIG_FIELDS = ("num_warps", "num_stages")
 
 _registry: dict[str, "Tunable"] = {}
 _measured: dict[tuple[str, int, str], tuple[triton.Config, float]] = {}
-_fell_back: set[tuple[str, int, str]] = set()
+# (kernel, arch, bucket) -> the config that ran after the pinned one did not fit
+_fell_back: dict[tuple[str, int, str], triton.Config] = {}
 _resolved: dict[tuple[str, str], "triton.Config | str"] = {}  # for torch.compile traces
 _autotune_override: bool | None = None
 # What `Tunable.run` launched for (kernel, device, bucket items) when nothing was left to
@@ -189,6 +190,7 @@ class Tunable:
     the activation dtype, and the constexpr arguments a bucket implies besides the config's.
     ``analytic`` (optional): a candidate chosen for a bucket by reasoning about its shapes,
     which ``pin_configs.py --fill`` pins where nothing measured is near (before the default).
+    ``unit_strides``: see the field.
     """
 
     name: str
@@ -200,6 +202,10 @@ class Tunable:
     signature: dict
     constexprs: Callable[[dict], dict]
     analytic: Callable[[dict], triton.Config] | None = None
+    # The arguments every launch passes as 1, each tensor's innermost stride: Triton makes
+    # an argument equal to 1 a constant, and only then vectorizes (and pipelines) the loads
+    # along it. Ahead-of-time checks compile them so (benchmarks/pin_configs.py).
+    unit_strides: tuple[str, ...] = ()
 
     def buckets(self) -> list[dict]:
         """Every bucket of the space, as dicts."""
@@ -250,7 +256,7 @@ class Tunable:
             return self.interpreter
         arch, key = device_arch(device), self.check_bucket(bucket)
         if (self.name, arch, key) in _fell_back:
-            return self.default
+            return _fell_back[(self.name, arch, key)]
         found = _measured.get((self.name, arch, key))
         return found[0] if found else self.pinned(bucket, arch)
 
@@ -284,17 +290,32 @@ class Tunable:
             if not unsearched:  # a search still due (asked for, during a capture) runs later
                 _ready[ready] = cfg
         except triton.runtime.errors.OutOfResources as e:
-            if cfg is self.default:
-                raise RuntimeError(f"{self.name}: even the default tiles "
-                                   f"{config_to_dict(cfg)} need more than this GPU (sm_{arch}) "
-                                   f"has for shape class {key}: {e}") from e
-            _fell_back.add((self.name, arch, key))
+            fitted = self._first_that_fits(launch, cfg, arch, key, e)
+            _fell_back[(self.name, arch, key)] = fitted
+            _resolved[(self.name, key)] = fitted  # what a later torch.compile trace launches
             _ready.pop(ready, None)
             warnings.warn(f"minillm.kernels: the {self.name} config pinned for bucket {key} "
                           f"({config_to_dict(cfg)}) does not fit this GPU (sm_{arch}: {e}); "
-                          f"using the default {config_to_dict(self.default)}", RuntimeWarning,
-                          stacklevel=2)
-            launch(self.default)
+                          f"using {config_to_dict(fitted)}", RuntimeWarning, stacklevel=2)
+
+    def _first_that_fits(self, launch, failed: triton.Config, arch: int, key: str,
+                         error: Exception) -> triton.Config:
+        """Launch the default, then the candidates from the smallest tiles up (a GPU with less
+        shared memory than the pinned file's: an sm_86 reads sm_80's), until one fits; the
+        one that ran. Each try rewrites the whole output (the launch invariant)."""
+        tried = {repr(config_to_dict(failed))}
+        for cfg in (self.default, *sorted(self.configs, key=tile_size)):
+            if repr(config_to_dict(cfg)) in tried:
+                continue
+            tried.add(repr(config_to_dict(cfg)))
+            try:
+                launch(cfg)
+                return cfg
+            except triton.runtime.errors.OutOfResources:
+                continue
+        raise RuntimeError(f"{self.name}: no candidate tile fits this GPU (sm_{arch}) for shape "
+                           f"class {key}, the default {config_to_dict(self.default)} included: "
+                           f"{error}") from error
 
     def _search(self, arch: int, key: str, launch) -> None:
         from triton.testing import do_bench
@@ -311,6 +332,16 @@ class Tunable:
         best = min(times, key=times.get)
         _measured[(self.name, arch, key)] = (best, times[best] * 1e3)
         _ready.clear()
+
+
+def tile_size(cfg: triton.Config) -> tuple:
+    """A rough order of a config's shared memory, smallest first: its tile's elements times
+    its pipeline stages, then its warps."""
+    elements = 1
+    for name, value in cfg.kwargs.items():
+        if name.startswith("BLOCK"):
+            elements *= value
+    return (elements * cfg.num_stages, cfg.num_warps)
 
 
 def register(tunable: Tunable) -> Tunable:

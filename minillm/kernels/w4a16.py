@@ -391,6 +391,7 @@ def _dequantize_kernel(
 
 # ----------------------------------------------------------------------------- tiles
 
+_UNIT_STRIDES = ("stride_xk", "stride_sg", "stride_zg", "stride_on")  # see tuning.Tunable
 _SIGNATURE = {"X": "*{dt}", "QW": "*i32", "Scales": "*fp32", "Zeros": "*fp32", "Out": "*{dt}",
               "Partials": "*fp32", "Counters": "*i32"}
 
@@ -435,6 +436,7 @@ W4A16_GEMV = tuning.register(tuning.Tunable(
     interpreter=_gemv_config(64, 4, 2, 2),
     bucket_space={"M": (1,), "bk": (16, 32, 64), "N": (0, 1, 2), "K": (0, 1), "dt": (16, 32)},
     signature=_SIGNATURE,
+    unit_strides=_UNIT_STRIDES,
     constexprs=lambda b: {"BLOCK_M": 1, "BLOCK_K": b["bk"], "HAS_ZEROS": True,
                           "ROW_ALIGN": 4, "K_THREADS": 1},
     analytic=_gemv_analytic,
@@ -456,6 +458,7 @@ W4A16_SMALL_M = tuning.register(tuning.Tunable(
     bucket_space={"M": (4, 16), "bk": (16, 32, 64), "N": (0, 1, 2), "K": (0, 1),
                   "dt": (16, 32)},
     signature=_SIGNATURE,
+    unit_strides=_UNIT_STRIDES,
     constexprs=lambda b: {"BLOCK_M": 16, "BLOCK_K": b["bk"], "HAS_ZEROS": True,
                           "ROW_ALIGN": 4, "K_THREADS": 1},
     # measured on an H100 before the GEMV's redesign: BLOCK_N 64, SPLIT_K 8 at 4096 x 4096
@@ -486,6 +489,7 @@ W4A16_GEMM = tuning.register(tuning.Tunable(
                         else _GEMM_DEFAULT),
     bucket_space={"M": (64, 256, 1024), "bk": (16, 32, 64), "dt": (16, 32)},
     signature=_SIGNATURE,
+    unit_strides=_UNIT_STRIDES,
     constexprs=lambda b: {"BLOCK_K": b["bk"], "HAS_ZEROS": True, "ROW_ALIGN": 4,
                           "K_THREADS": 1},
 ))
