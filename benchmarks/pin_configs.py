@@ -142,9 +142,6 @@ def measured_entries(tables: dict, name: str, arch: int) -> list[tuple[dict, dic
     return out
 
 
-_size = tuning.tile_size  # a rough order of a config's shared memory: small tiles first
-
-
 def options(t: tuning.Tunable, bucket: dict, measured: list[tuple[dict, dict]]) -> list:
     """(config, source) to try for a bucket nothing measured, best first: the kernel's own
     choice for the bucket where it has a rule (`Tunable.analytic`: split-K and tiles follow
@@ -156,7 +153,7 @@ def options(t: tuning.Tunable, bucket: dict, measured: list[tuple[dict, dict]]) 
             for other, entry in sorted(measured, key=lambda c: t.distance(bucket, c[0]))]
     out.append((t.default, "default"))
     out += [(c, "least shared memory (the default does not fit)")
-            for c in sorted(t.configs, key=_size)]
+            for c in sorted(t.configs, key=tuning.tile_size)]
     return out
 
 
