@@ -3,8 +3,11 @@ can be wrong, fresh inputs per call, and registration. Toy references only."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -268,3 +271,56 @@ def test_import_quizzes_does_not_import_torch():
     code = "import sys, quizzes; quizzes.check; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_triton_compile_error_names_the_students_own_error(tmp_path):
+    # On a GPU a @triton.jit mistake arrives as Triton's compile errors nested around the
+    # student's NameError (the H100 run of 2026-11-27: "raised CompilationError: at 20:20"
+    # pointing at the lab kernel's call, not at the student's line). Compiled here for sm_90
+    # with Triton's real front end, no GPU needed.
+    pytest.importorskip("triton")
+    code = textwrap.dedent('''
+        import torch
+        torch.cuda.is_available = lambda: True  # compiled kernels, not interpreted ones
+        import triton, triton.language as tl
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from quizzes.checks.core import _raised_message
+
+        @triton.jit
+        def student_loop(acc):
+            acc = acc + undefined_name
+            return acc
+
+        @triton.jit
+        def kernel(X, N: tl.constexpr):
+            offs = tl.arange(0, N)
+            tl.store(X + offs, student_loop(tl.load(X + offs)))
+
+        try:
+            triton.compile(ASTSource(kernel, {"X": "*fp32", "N": "constexpr"}, {"N": 16}),
+                           target=GPUTarget("cuda", 90, 32))
+        except Exception as exc:
+            print(type(exc).__name__)
+            print(_raised_message(exc))
+    ''')
+    script = tmp_path / "compile_student_loop.py"  # @triton.jit needs its source in a file
+    script.write_text(code)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env={**os.environ, "TRITON_INTERPRET": "0",
+                              "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    kind, msg = out.stdout.split("\n", 1)
+    assert kind == "CompilationError"  # what the check receives
+    assert msg.startswith("your function raised NameError: undefined_name is not defined"), msg
+    assert "acc = acc + undefined_name" in msg  # the excerpt at the student's own line
+
+
+def test_an_ordinary_error_is_reported_as_raised():
+    from quizzes.checks.core import _raised_message
+
+    try:
+        {}["k"]
+    except KeyError as exc:
+        assert _raised_message(exc).startswith("your function raised KeyError: 'k'")

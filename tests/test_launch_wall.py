@@ -102,6 +102,46 @@ def test_launch_wall_table_and_summary_on_a_cpu():
         measure.LaunchWall(model, bandwidth_bytes_per_s=0)
 
 
+def test_on_a_gpu_triton_launches_are_counted_and_priced_apart():
+    # The H100 of 2026-11-27: 1,252 operator calls at 9.5 µs were 11.9 ms of a 19.5 ms eager
+    # step; its ~95 Triton launches (kernels the profiler lists without a host launch) the
+    # rest. The floor now counts them at their own cost, measured on the step's own call.
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    import minillm.kernels.decode_gemv  # noqa: F401  (the step imports it on CUDA)
+    import minillm.kernels.glue  # noqa: F401
+
+    names = launch.triton_kernel_names()
+    assert {"_decode_gemv_kernel", "_rms_norm_kernel", "_paged_decode_kernel"} <= names
+
+    def ev(name, device, parent=None):
+        return SimpleNamespace(name=name, device_type=device, cpu_parent=parent)
+
+    events = [ev("aten::linear", DeviceType.CPU), ev("cudaLaunchKernel", DeviceType.CPU),
+              ev("aten::view", DeviceType.CPU), ev("nvjet_sm90_tst", DeviceType.CUDA),
+              ev("_decode_gemv_kernel", DeviceType.CUDA), ev("_rms_norm_kernel", DeviceType.CUDA)]
+    assert launch._counts(events, cuda=True) == (2, 1, 3, 2)
+    assert launch._counts(events, cuda=True, graph=True) == (2, 1, 3, 0)  # a replay: none
+    assert launch._counts(events, cuda=False)[3] == 0
+
+    model = tiny()
+    wall = measure.LaunchWall(model, bandwidth_bytes_per_s=10e9, prompt_len=4, steps=2,
+                              count_steps=2, rounds=1)
+    assert wall.triton_launch_s is None and launch.measure_triton_launch_cost(model) is None
+    run = launch.StepRun("eager", 0.02, host_ops=1252, launches=158, kernels=253,
+                         triton_launches=95)
+    assert wall.launch_floor_s(run) == pytest.approx(1252 * wall.launch_s)  # a CPU: no term
+    wall.triton_launch_s, wall.launch_s = 80e-6, 9.5e-6  # the H100's, as a GPU would measure
+    assert wall.launch_floor_s(run) == pytest.approx(1252 * 9.5e-6 + 95 * 80e-6)
+    counts = launch.StepCounts(1252, 158, 253, 95)  # what q13's predict cell passes
+    assert wall.launch_floor_s(counts) == wall.launch_floor_s(run)
+    wall.runs = [run]
+    table = wall.table()
+    assert "one Triton launch 80.0 µs" in table and "triton" in table.splitlines()[1]
+
+
 def test_default_variants_follow_the_device():
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     assert launch.default_variants(cpu) == ("eager", "compiled")
@@ -120,6 +160,8 @@ def test_on_a_gpu_a_cuda_graph_keeps_the_kernels_and_drops_the_launches():
     assert eager.launches >= 0.5 * eager.kernels   # eager: about a launch per kernel
     assert graph.launches <= 10                    # inputs, one replay, the argmax
     assert graph.kernels >= 0.5 * eager.kernels    # the same step's kernels, replayed
+    assert eager.triton_launches > 0 and graph.triton_launches == 0  # the Triton glue
+    assert wall.triton_launch_s > wall.launch_s    # Triton's launcher is Python
     assert wall.predicted_s(eager) == pytest.approx(max(wall.bytes_floor_s, wall.launch_floor_s(eager)))
     print(wall.table())
 

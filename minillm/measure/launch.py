@@ -4,9 +4,13 @@ operations the host issues, then measured (Lab 01, section 8).
 A decode step of a small model has two floors:
 
 - the **bytes floor**: weight bytes ÷ bandwidth (the memory wall of Lab 01's sections 2-5);
-- the **launch floor**: launches per step × the cost of one launch (``calc.launch_floor_s``).
+- the **launch floor**: operations per step × the cost of one (``calc.launch_floor_s``).
   Every operation the host issues costs it microseconds (Python, PyTorch's dispatcher and,
-  on a GPU, the kernel launch) however little the operation does.
+  on a GPU, the kernel launch) however little the operation does. On a GPU the step's
+  Triton kernels count apart: Triton's launcher is Python that binds and specializes every
+  argument of every call, and minillm's wrappers check theirs, so one costs the host
+  several PyTorch operations (the H100 of 2026-11-27: 1,252 operator calls at 9.5 µs are
+  11.9 ms of a 19.5 ms eager step, and its ~95 Triton launches the rest, ~80 µs each).
 
 On a CPU one core issues an operation and then runs it, so a step costs about the sum of
 the floors. On a GPU the host queues kernels while the device runs earlier ones, so a step
@@ -21,7 +25,9 @@ What is measured, on the model's device, in the model's dtype:
 
 - ``measure_launch_cost``: seconds per tiny operation issued from Python (``torch.add`` of a
   one-element tensor into a preallocated one), the median over bursts of ``ops`` of them,
-  the device drained around each burst (``time_fn``);
+  the device drained around each burst (``time_fn``); ``measure_triton_launch_cost``: the
+  same for the step's most frequent Triton call (a layer's add + RMSNorm + gate|up decode
+  GEMV, ``fused.norm_linear``, on one row), on CUDA only;
 - ``count_step_ops``: the PyTorch profiler's counts per decode step of ``generate``, the
   prefill cancelled (a (1 + S)-token generation minus a 1-token one, over S):
   ``host_ops``, the operator calls from Python (the profiler's top-level operators: each
@@ -29,7 +35,10 @@ What is measured, on the model's device, in the model's dtype:
   issues to the device: kernel launches on CUDA (cudaLaunchKernel, cuLaunchKernel, ...; a
   CUDA-graph replay counts once), the operator calls from Python on a CPU (``host_ops``);
   ``kernels``, what then runs: GPU kernels and copies on CUDA, every operator event on a
-  CPU (nested ones included);
+  CPU (nested ones included); ``triton_launches``, the GPU kernels that are minillm's
+  Triton kernels (``triton_kernel_names``), each launched by Triton's own launcher, which
+  the profiler does not list among the host's launches (none in a CUDA-graph replay, none
+  on a CPU);
 - the step time: ``(t(1 + S tokens) − t(1 token)) ÷ S``, each time the best of ``rounds``
   (``timing.decode_tok_s``).
 
@@ -90,6 +99,50 @@ def measure_launch_cost(device=None, ops: int = 1000, repeats: int = 5) -> float
     return time_fn(burst, warmup=1, repeats=repeats, device=dev) / ops
 
 
+def measure_triton_launch_cost(model, calls: int = 200, repeats: int = 5) -> float | None:
+    """Seconds per Triton launch as ``model``'s eager decode step issues one, on its device:
+    a burst of the step's most frequent Triton call, the first layer's add + RMSNorm +
+    gate|up product on one row (``fused.norm_linear``: the decode GEMV, with minillm's
+    wrapper and Triton's launcher around it). None off CUDA: a CPU step launches no Triton
+    kernel (its glue is C++ and PyTorch)."""
+    if model.device.type != "cuda":
+        return None
+    from ..layers import fused
+
+    layer = next(m for m in model.modules() if hasattr(m, "post_attention_norm"))
+    norm, gate_up = layer.post_attention_norm, layer.mlp.gate_up_proj
+    x = torch.randn(1, 1, model.config.hidden_size, device=model.device, dtype=model.dtype)
+    delta = torch.randn_like(x)
+
+    def burst():
+        for _ in range(calls):
+            fused.norm_linear(x, delta, norm.weight, norm.eps, gate_up)
+
+    with torch.inference_mode():
+        return time_fn(burst, warmup=1, repeats=repeats, device=model.device) / calls
+
+
+def triton_kernel_names() -> frozenset[str]:
+    """The names of minillm's @triton.jit kernels (those of the modules imported so far):
+    on CUDA each runs as a kernel of that name, e.g. ``_decode_gemv_kernel``."""
+    import sys
+
+    try:
+        from triton.runtime.jit import KernelInterface
+    except ImportError:
+        return frozenset()
+    names = set()
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("minillm.kernels") or mod is None:
+            continue
+        for v in vars(mod).values():
+            while isinstance(getattr(v, "fn", None), KernelInterface):  # an autotuner's kernel
+                v = v.fn
+            if isinstance(v, KernelInterface) and getattr(v, "__name__", None):
+                names.add(v.__name__)
+    return frozenset(names)
+
+
 @dataclasses.dataclass(frozen=True)
 class StepCounts:
     """Per decode step, from the profiler (see the module docstring)."""
@@ -97,18 +150,20 @@ class StepCounts:
     host_ops: float   # operator calls from Python (top-level profiler events)
     launches: float   # what the host issues: launches (CUDA) / operator calls from Python (CPU)
     kernels: float    # what runs: GPU kernels and copies (CUDA) / every operator event (CPU)
+    triton_launches: float = 0.0  # minillm's Triton kernels launched from Python (CUDA, eager)
 
 
-def _counts(events, cuda: bool) -> tuple[int, int, int]:
+def _counts(events, cuda: bool, graph: bool = False) -> tuple[int, int, int, int]:
     from torch.autograd import DeviceType
 
     host = [e for e in events if e.device_type == DeviceType.CPU]
     top = sum(1 for e in host if e.cpu_parent is None and not _LAUNCH_API.match(e.name))
     if cuda:
         launches = sum(1 for e in host if _LAUNCH_API.match(e.name))
-        kernels = sum(1 for e in events if e.device_type == DeviceType.CUDA)
-        return top, launches, kernels
-    return top, top, len(host)
+        kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+        names = frozenset() if graph else triton_kernel_names()  # a replay launches none
+        return top, launches, len(kernels), sum(1 for e in kernels if e.name in names)
+    return top, top, len(host), 0
 
 
 def count_step_ops(model, prompt_ids: Sequence[int], steps: int = 8, **generate_options) -> StepCounts:
@@ -129,7 +184,7 @@ def count_step_ops(model, prompt_ids: Sequence[int], steps: int = 8, **generate_
         with profile(activities=activities) as prof:
             generate(model, prompt_ids, n, ignore_eos=True, **generate_options)
             synchronize(model.device)
-        counted.append(_counts(prof.events(), cuda))
+        counted.append(_counts(prof.events(), cuda, bool(generate_options.get("cuda_graph"))))
     one, many = counted
     return StepCounts(*((b - a) / steps for a, b in zip(one, many)))
 
@@ -163,6 +218,7 @@ class StepRun:
     host_ops: float
     launches: float
     kernels: float
+    triton_launches: float = 0.0
 
 
 class LaunchWall:
@@ -188,6 +244,7 @@ class LaunchWall:
         self.bandwidth = float(bandwidth_bytes_per_s)
         self.overlapped = dev.type == "cuda"  # the host issues while the device runs
         self.launch_s = measure_launch_cost(dev)
+        self.triton_launch_s = measure_triton_launch_cost(model)  # None off CUDA
         self.runs: list[StepRun] = []
         self.notes: list[str] = []
         self._counts: dict[str, StepCounts] = {}
@@ -222,12 +279,19 @@ class LaunchWall:
         counts = self.count(name)
         step = time_decode_step(self.model, self.prompt, self.steps, self.rounds,
                                 **self._options(name))
-        run = StepRun(name, step, counts.host_ops, counts.launches, counts.kernels)
+        run = StepRun(name, step, counts.host_ops, counts.launches, counts.kernels,
+                      counts.triton_launches)
         self.runs = [r for r in self.runs if r.name != name] + [run]
         return run
 
     def launch_floor_s(self, run) -> float:
-        return calc.launch_floor_s(run.launches, self.launch_s)
+        """What the host takes to issue one step of ``run`` (a StepRun or StepCounts): its
+        operator calls × the cost of one, plus on CUDA its Triton launches × theirs (on a
+        CPU every operator call is a launch, and there are no Triton launches)."""
+        floor = calc.launch_floor_s(run.host_ops, self.launch_s)
+        if self.triton_launch_s and run.triton_launches:
+            floor += calc.launch_floor_s(run.triton_launches, self.triton_launch_s)
+        return floor
 
     def predicted_s(self, run) -> float:
         return calc.step_floor_s(self.bytes_floor_s, self.launch_floor_s(run), self.overlapped)
@@ -240,15 +304,21 @@ class LaunchWall:
 
     def table(self) -> str:
         how = "the larger floor" if self.overlapped else "the two floors added"
+        triton = self.triton_launch_s is not None  # CUDA: the Triton launches' own column
         head = (f"{'decode step (batch 1)':<22}{'ops':>6}{'launches':>9}{'kernels':>9}"
-                f"{'launch floor':>14}{'bytes floor':>13}{'predicted':>11}{'measured':>10}"
+                + (f"{'triton':>8}" if triton else "")
+                + f"{'launch floor':>14}{'bytes floor':>13}{'predicted':>11}{'measured':>10}"
                 f"{'tok/s':>8}")
-        lines = [f"{self.device} ({self.device_name}), {self.dtype}: one launch costs "
-                 f"{self.launch_s * 1e6:.2f} µs; {self.weight_bytes / 1e6:.0f} MB of weights at "
-                 f"{self.bandwidth / 1e9:.1f} GB/s; predicted = {how}", head, "-" * len(head)]
+        cost = (f"one launch costs {self.launch_s * 1e6:.2f} µs"
+                + (f", one Triton launch {self.triton_launch_s * 1e6:.1f} µs" if triton else ""))
+        floor = ("; launch floor = ops × one launch + triton × one Triton launch" if triton else "")
+        lines = [f"{self.device} ({self.device_name}), {self.dtype}: {cost}; "
+                 f"{self.weight_bytes / 1e6:.0f} MB of weights at "
+                 f"{self.bandwidth / 1e9:.1f} GB/s; predicted = {how}{floor}", head, "-" * len(head)]
         for r in self.runs:
             lines.append(f"{r.name:<22}{r.host_ops:>6.0f}{r.launches:>9.0f}{r.kernels:>9.0f}"
-                         f"{self.launch_floor_s(r) * 1e3:>11.2f} ms{self.bytes_floor_s * 1e3:>10.2f} ms"
+                         + (f"{r.triton_launches:>8.0f}" if triton else "")
+                         + f"{self.launch_floor_s(r) * 1e3:>11.2f} ms{self.bytes_floor_s * 1e3:>10.2f} ms"
                          f"{self.predicted_s(r) * 1e3:>8.2f} ms{r.step_s * 1e3:>7.2f} ms"
                          f"{1 / r.step_s:>8.1f}")
         return "\n".join(lines + self.notes)

@@ -210,19 +210,23 @@ QUESTIONS = [
     ),
     Numeric(
         "q13",
-        "**Predict, then measure.** Section 8 measured the cost of one launch, counted the launches "
-        "of one eager decode step and computed its bytes floor. Predict the eager step's time in ms "
-        "before the next cell measures it: on a CPU the launch floor (launches × the cost of one) "
-        "plus the bytes floor, on a GPU the larger of the two. Marked against the measured step, "
-        "within 20%.",
+        "**Predict, then measure.** Section 8 measured the cost of one launch, counted the "
+        "operations of one eager decode step (on a GPU also its Triton launches, and the cost of "
+        "one) and computed its bytes floor. Predict the eager step's time in ms before the next "
+        "cell measures it: on a CPU the launch floor (operator calls × the cost of one) plus the "
+        "bytes floor, on a GPU the larger of the bytes floor and the launch floor (operator "
+        "calls × the cost of one, plus Triton launches × the cost of one Triton launch). Marked "
+        "against the measured step, within 20%.",
         answer=lambda m: m["eager_step_ms"], unit="ms", rtol=0.2, predict=True,
         needs=("eager_step_ms",), example_measured={"eager_step_ms": 24.9},
         explanation="E.g. 1,223 launches × 2.06 µs = 2.5 ms, plus 538 MB ÷ 22.0 GB/s = 24.5 ms: 27.0 ms "
                     "predicted, 24.9 ms measured on a 2-core CPU (one core issues each operation, then "
-                    "runs it, so the floors add). On an H100 about 900 launches at ~5 µs are 4.5 ms "
-                    "against 0.09 ms of bf16 weights; the step waits for the host, and the measured "
-                    "eager step is longer still, since Python runs around every module and dispatches "
-                    "views that launch nothing (the ops column).",
+                    "runs it, so the floors add). On an H100 (2026-11-27) 1,252 operator calls at "
+                    "9.5 µs were 11.9 ms of a 19.5 ms eager step and its ~95 Triton launches the "
+                    "rest, ~80 µs each (Triton's launcher is Python too), against 0.09 ms of bf16 "
+                    "weights: the step waits for the host. Counting only the launches the "
+                    "profiler lists (158 at 9.5 µs) predicts 1.5 ms: views launch nothing but cost "
+                    "the host a dispatch, and a Triton launch costs it several.",
     ),
     Choice(
         "q14",

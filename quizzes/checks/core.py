@@ -87,6 +87,32 @@ def _fresh_seed() -> int:
     return int(env) if env else secrets.randbits(31)
 
 
+def _raised_message(exc: BaseException) -> str:
+    """'your function raised NameError: ...' and where, for an error from the student's code.
+
+    A compiled @triton.jit function (on a GPU; the interpreter raises the error itself)
+    reports a mistake as nested ``CompilationError``s: the kernel's, at the call of the
+    student's function, caused by the one at the student's own line, whose context is the
+    error itself (NameError, a shape's ValueError). Name that error, and show the innermost
+    compile error: its source excerpt points at the student's line.
+    """
+    compile_error, root = None, exc
+    while type(root).__name__ == "CompilationError" and type(root).__module__.startswith("triton"):
+        compile_error = root
+        nxt = root.__cause__ if root.__cause__ is not None else root.__context__
+        if nxt is None:
+            break
+        root = nxt
+    if compile_error is None:
+        msg = f"your function raised {type(exc).__name__}: {exc}"
+        where = _student_frame(exc.__traceback__)
+        return msg + (f"\n  at {where}" if where else "")
+    if root is compile_error:  # no Python error under it: Triton's own message says it all
+        return f"your function failed to compile (Triton): {compile_error}"
+    return (f"your function raised {type(root).__name__}: {root}\n"
+            f"  Triton's compile error, at your line:\n{compile_error}")
+
+
 def _student_frame(tb: Any) -> str:
     """'line 4 of your code: return x / s' for the deepest frame outside library code."""
     lib_roots = tuple({_PKG_DIR, sys.prefix, sys.base_prefix, os.path.dirname(os.__file__)})
@@ -167,11 +193,7 @@ class Case:
         except (_Difference, CheckFailed):
             raise
         except Exception as exc:
-            where = _student_frame(exc.__traceback__)
-            msg = f"your function raised {type(exc).__name__}: {exc}"
-            if where:
-                msg += f"\n  at {where}"
-            raise _Difference(msg) from None
+            raise _Difference(_raised_message(exc)) from None
 
     def compare(self, yours: Any, reference: Any, what: str = "output", **kw: Any) -> None:
         compare(yours, reference, what, inputs=self.arguments, **kw)
