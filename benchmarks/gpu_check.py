@@ -27,6 +27,11 @@ run; each has a time box, and what it had no time for is listed as skipped):
                       against HF one-at-a-time and HF static-16 (both sampled), and against
                       itself with 2048-token steps (the old budget); the engine's decode step,
                       graph and eager, and where the batch-64 step's time goes
+    decode_gemv       gpu_check_kernels: the decode GEMV (glue fused into the product)
+                      against glue + cuBLAS / the W4A16 kernel, SmolLM2's products
+    gemv_tiles        gpu_check_kernels: the decode GEMV's tiles, ~90 candidates at M = 1
+                      against the shape's own, w4 first. Only when asked (--sections
+                      gemv_tiles), outside the 8 minutes
     pytest            gpu_check_model: the test files of the kernels (Lab 03's scaffold kernel
                       included), speculative decoding and tensor parallelism, with the CUDA
                       device visible, all at once (not in --quick)
@@ -478,9 +483,11 @@ def main(argv: list[str] | None = None) -> int:
                                               budget_s=args.lab_budget)
     except ValueError as e:
         ap.error(str(e))
-    sections = gpu_check_kernels.SECTIONS + gpu_check_model.SECTIONS + [labs_section]
-    if not args.sections and args.labs is None:  # the labs run only when asked
-        sections = sections[:-1]
+    asked_only = gpu_check_kernels.ASKED_ONLY + [labs_section]
+    sections = gpu_check_kernels.SECTIONS + gpu_check_model.SECTIONS + asked_only
+    if not args.sections:  # these run only when asked (the labs: by --labs too)
+        sections = [s for s in sections if s not in asked_only
+                    or (s is labs_section and args.labs is not None)]
     if args.sections:
         wanted = args.sections.split(",")
         unknown = sorted(set(wanted) - {s.name for s in sections})
@@ -519,9 +526,10 @@ def main(argv: list[str] | None = None) -> int:
                "decode_rows": args.decode_rows.split(",") if args.decode_rows else None,
                "backends": args.backends.split(","), "labs": labs, "lab_timeout_s": lab_box,
                "lab_parallel": args.lab_parallel}
-    # The labs section brings its own budget on top of the other sections'.
-    total = TOTAL_BUDGET_S[mode] + (labs_section.budget_s.get(mode, 0.0)
-                                    if labs_section in sections else 0.0)
+    # The sections run only when asked (the labs, gemv_tiles) bring their own budgets on top
+    # of the other sections'.
+    total = TOTAL_BUDGET_S[mode] + sum(s.budget_s.get(mode, 0.0) for s in asked_only
+                                       if s in sections)
     try:
         entries = run_sections(sections, mode, device, env, options, total_budget_s=total,
                                on_progress=progress, rows_too=True,

@@ -16,6 +16,11 @@ against its reference, on fresh random inputs, and timed against the PyTorch pat
   and 16 for SmolLM2's and an 8B model's shapes; the tiled GEMM against dequantize-then-
   matmul at 256 and 1024 rows; the symmetric g96 / g128 / g192 layouts at M = 1), with the
   GB/s of the int4 + scale bytes it reads against the measured bandwidth.
+* decode_gemv: the decode GEMV (the glue before a product done in its kernel) against the
+  glue kernel + cuBLAS or the W4A16 kernel, SmolLM2's products at M = 1 (and 4).
+* gemv_tiles (only when asked: ``--sections gemv_tiles``): the decode GEMV's tiles, each
+  candidate of each SmolLM2 product at M = 1 timed against the shape's own (w4 first), so
+  that the tiles can be chosen by measurement.
 
 Small calls are timed inside a CUDA graph (``bench_graph``): a paged-decode or W4A16 call
 at decode's sizes is a few microseconds of GPU work behind tens of microseconds of Python
@@ -33,6 +38,7 @@ run the kernels run in Triton's interpreter: the numbers there are not performan
 """
 from __future__ import annotations
 
+import itertools
 import time
 import zlib
 
@@ -386,10 +392,21 @@ GEMV_PRODUCTS = [("qkv", 960, 576, "add+norm+rope"), ("gate_up", 3072, 576, "add
                  ("down", 576, 1536, "silu·up"), ("o_proj", 576, 576, "none")]
 
 
-def gemv_case(run, name, n, k, prologue, m, weight, dtype) -> dict:
+def gemv_case(run, name, n, k, prologue, m, weight, dtype, tiles=None) -> dict:
     """One fused call (`decode_gemv.norm_linear` / `silu_mul_linear`) against the kernels it
     replaces (the Triton glue, then cuBLAS or the W4A16 kernel), both from CUDA graphs over
-    weight copies larger than L2, as a layer's products run in a graph step."""
+    weight copies larger than L2, as a layer's products run in a graph step. With ``tiles``
+    ({block_n, warps, unroll}: `decode_gemv.tiles`) the fused call runs those tiles and only
+    it is timed (the unfused result still checks it)."""
+    from minillm.kernels import decode_gemv as dg
+
+    if tiles is not None:
+        with dg.tiles(**tiles):
+            return _gemv_case(run, name, n, k, prologue, m, weight, dtype, tiles)
+    return _gemv_case(run, name, n, k, prologue, m, weight, dtype, None)
+
+
+def _gemv_case(run, name, n, k, prologue, m, weight, dtype, tiles) -> dict:
     from minillm.kernels import decode_gemv as dg
     from minillm.kernels import glue
 
@@ -436,14 +453,18 @@ def gemv_case(run, name, n, k, prologue, m, weight, dtype) -> dict:
     ref = unfused(copies[0])
     err = max_err(out, ref) / max(float(ref.abs().max()), 1e-12)
     ms = bench_graph(run, [lambda c=c: fused(c) for c in copies])
+    row = {"product": name, "prologue": prologue, "weight": weight,
+           "dtype": str(dtype)[6:], "N": n, "K": k, "M": m, "rel_err": err, "us": 1e3 * ms}
+    if tiles is not None:  # the tiles that ran (a None of `tiles` is the shape's own)
+        b_n, warps, unroll = dg.launch_tiles(n, k, fused_w(copies[0]), dtype)
+        row.update(BLOCK_N=b_n, warps=warps, UNROLL=unroll, first_s=first_s,
+                   ok=err <= tol(dtype))
+        return row
     ms_unfused = bench_graph(run, [lambda c=c: unfused(c) for c in copies])
-    return {"product": name, "prologue": prologue, "weight": weight,
-            "dtype": str(dtype)[6:], "N": n, "K": k, "M": m,
-            "rel_err": err, "us": 1e3 * ms, "unfused_us": 1e3 * ms_unfused,
-            "vs_unfused": ms_unfused / ms, "first_s": first_s,
-            # the unfused product sums in another order (cuBLAS), and w4's reference rounds
-            # nothing more: both within the dtype's tolerance of the kernel
-            "ok": err <= tol(dtype)}
+    # the unfused product sums in another order (cuBLAS), and w4's reference rounds
+    # nothing more: both within the dtype's tolerance of the kernel
+    return {**row, "unfused_us": 1e3 * ms_unfused, "vs_unfused": ms_unfused / ms,
+            "first_s": first_s, "ok": err <= tol(dtype)}
 
 
 def check_decode_gemv(run) -> None:
@@ -467,6 +488,87 @@ def check_decode_gemv(run) -> None:
                      "rel_err against the unfused result, relative to its max")
 
 
+# ----------------------------------------------------------------------------- gemv_tiles
+
+# The decode GEMV's tiles were chosen from the shapes (`decode_gemv._tiles`). On the H100 of
+# 2026-11-27 (evening) SmolLM2's w4 batch-1 step lost to bf16 by 0.77x, and the decode_gemv
+# section named where: SiLU·up + down in int4, 8.61 µs against 5.30 in bf16, its 4-row,
+# one-warp tile giving N = 576 only 144 programs. This opt-in section times other tiles of
+# every SmolLM2 product at M = 1 (`decode_gemv.tiles`), w4 first, so that a GPU session can
+# choose them by measurement: `gpu_check.py --sections gemv_tiles`.
+GEMV_TILE_ORDER = ("down", "o_proj", "gate_up", "qkv")  # the losers first
+
+
+def gemv_tile_candidates(weight: str, k: int, group: int = 64) -> list[dict]:
+    """{block_n, warps, unroll} to time for one product: 4-bit, rows 2-8 a program on 1-4
+    warps, 8 chunks a step (the default past 12) or 4, or all of K in one step; float, rows
+    2-16 on 4 or 8 warps (K's own step)."""
+    from minillm.kernels import decode_gemv as dg
+
+    if weight == "w4":
+        chunks = k // group
+        unrolls = sorted({dg._int4_unroll(k, group), min(4, chunks), chunks})
+        return [{"block_n": b, "warps": w, "unroll": u}
+                for b in (2, 4, 8) for w in (1, 2, 4) for u in unrolls]
+    return [{"block_n": b, "warps": w} for b in (2, 4, 8, 16) for w in (4, 8)]
+
+
+def check_gemv_tiles(run) -> None:
+    from minillm.kernels import decode_gemv as dg
+
+    dtype = kernel_dtype(run)
+    products = sorted(GEMV_PRODUCTS, key=lambda p: GEMV_TILE_ORDER.index(p[0]))
+    cases = []
+    for weight in ("w4", "dense"):
+        for name, n, k, prologue in products:
+            if run.dry:  # the interpreter: a small twin (K a multiple of 64)
+                n, k = n // 8, 64 * (k // 576)
+            cands = gemv_tile_candidates(weight, k)
+            cases += [(name, n, k, prologue, weight, c) for c in
+                      run.pick(cands, cands[:4] if name in ("down", "o_proj") else [], cands[:1])]
+    if run.dry:
+        cases = cases[:2] + [c for c in cases if c[4] == "dense"][:1]
+    for name, n, k, prologue, weight, tiles in cases:
+        label = f"{name} {weight} " + " ".join(f"{a}={b}" for a, b in tiles.items())
+        run.case(label, lambda name=name, n=n, k=k, prologue=prologue, weight=weight,
+                 tiles=tiles: tile_case(run, dg, name, n, k, prologue, weight, dtype, tiles))
+    for (name, weight), rows in itertools.groupby(
+            [r for r in run.rows if "us" in r], key=lambda r: (r["product"], r["weight"])):
+        rows = list(rows)
+        best = min(rows, key=lambda r: r["us"])
+        own = [r for r in rows if r.get("default")]
+        vs = f", {own[0]['us'] / best['us']:.2f}x the shape's own tiles' {own[0]['us']:.2f} µs" \
+            if own else ""
+        run.notes.append(f"{name} {weight}: fastest BLOCK_N={best['BLOCK_N']} "
+                         f"warps={best['warps']} UNROLL={best['UNROLL']}, {best['us']:.2f} µs"
+                         + vs)
+    run.notes.append("decode GEMV tiles (decode_gemv.tiles) at M = 1, each timed from a CUDA "
+                     "graph over weight copies larger than L2, as the decode_gemv section "
+                     "times the shape's own; default: the tiles the shape gets today")
+
+
+def tile_case(run, dg, name, n, k, prologue, weight, dtype, tiles) -> dict:
+    """One candidate's row; a candidate the GPU cannot run (Triton's OutOfResources: more
+    registers or shared memory than it has) is a row that says so, not a failure."""
+    try:
+        row = gemv_case(run, name, n, k, prologue, 1, weight, dtype, tiles)
+    except Exception as e:  # noqa: BLE001
+        if type(e).__name__ != "OutOfResources":
+            raise
+        return {"product": name, "weight": weight, "N": n, "K": k, "M": 1,
+                "BLOCK_N": tiles["block_n"], "warps": tiles["warps"],
+                "UNROLL": tiles.get("unroll", 1), "error": f"does not fit: {e}"[:200]}
+    return {**row, "default": tiles_are_default(dg, n, k, weight, tiles, dtype)}
+
+
+def tiles_are_default(dg, n, k, weight, tiles, dtype) -> bool:
+    """Whether ``tiles`` are the ones a launch of this shape gets without `decode_gemv.tiles`."""
+    group = 64 if k % 64 == 0 else 32
+    w = dg.Int4Weight(None, None, None, group) if weight == "w4" else None
+    own = dg.launch_tiles(n, k, w if w is not None else torch.empty(0), dtype)
+    return own == (tiles["block_n"], tiles["warps"], tiles.get("unroll", 1))
+
+
 # Time boxes (s), planned for an H100 with the pinned tile configs (a first call of a new
 # shape compiles one configuration, 0.2-2.6 s): see TOTAL_BUDGET_S in gpu_check.py. Full
 # run, against what the H100 took in the evening of 2026-11-27 (a fresh machine: every
@@ -488,4 +590,11 @@ SECTIONS = [
             check_w4a16, {"full": 17, "quick": 6, "dry": 60}),
     Section("decode_gemv", "Decode GEMV with its glue fused, against glue + product",
             check_decode_gemv, {"full": 18, "quick": 4, "dry": 60}),
+]
+# Run only when asked for (`--sections gemv_tiles`), outside the check's 8 minutes, with a
+# budget of its own: 113 candidates (81 w4 first, then 32 bf16) of ~1 s each (a compile,
+# then a graph; int4 at UNROLL 24 compiles for longer), so the box may cut the bf16 tail.
+ASKED_ONLY = [
+    Section("gemv_tiles", "Decode GEMV tiles: candidates timed against the shape's own",
+            check_gemv_tiles, {"full": 150, "quick": 30, "dry": 120}),
 ]

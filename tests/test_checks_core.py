@@ -277,7 +277,9 @@ def test_a_triton_compile_error_names_the_students_own_error(tmp_path):
     # On a GPU a @triton.jit mistake arrives as Triton's compile errors nested around the
     # student's NameError (the H100 run of 2026-11-27: "raised CompilationError: at 20:20"
     # pointing at the lab kernel's call, not at the student's line). Compiled here for sm_90
-    # with Triton's real front end, no GPU needed.
+    # with Triton's real front end, no GPU needed: a NameError in the student's function, a
+    # failed tl.static_assert in it (a CompilationError subclass), and a function returning
+    # two values where the kernel unpacks three (the error is the kernel's, not theirs).
     pytest.importorskip("triton")
     code = textwrap.dedent('''
         import torch
@@ -288,21 +290,33 @@ def test_a_triton_compile_error_names_the_students_own_error(tmp_path):
         from quizzes.checks.core import _raised_message
 
         @triton.jit
-        def student_loop(acc):
+        def undefined(acc):
             acc = acc + undefined_name
-            return acc
+            return acc, acc, acc
 
         @triton.jit
-        def kernel(X, N: tl.constexpr):
-            offs = tl.arange(0, N)
-            tl.store(X + offs, student_loop(tl.load(X + offs)))
+        def asserts(acc):
+            tl.static_assert(acc.shape[0] == 32, "BLOCK must be 32")
+            return acc, acc, acc
 
-        try:
-            triton.compile(ASTSource(kernel, {"X": "*fp32", "N": "constexpr"}, {"N": 16}),
-                           target=GPUTarget("cuda", 90, 32))
-        except Exception as exc:
-            print(type(exc).__name__)
-            print(_raised_message(exc))
+        @triton.jit
+        def two_values(acc):
+            return acc, acc
+
+        @triton.jit
+        def kernel(X, LOOP: tl.constexpr, N: tl.constexpr):
+            offs = tl.arange(0, N)
+            a, b, c = LOOP(tl.load(X + offs))
+            tl.store(X + offs, a + b + c)
+
+        for loop in (undefined, asserts, two_values):
+            try:
+                triton.compile(ASTSource(kernel, {"X": "*fp32", "LOOP": "constexpr",
+                                                  "N": "constexpr"}, {"LOOP": loop, "N": 16}),
+                               target=GPUTarget("cuda", 90, 32))
+            except Exception as exc:
+                print("=====", type(exc).__name__)
+                print(_raised_message(exc))
     ''')
     script = tmp_path / "compile_student_loop.py"  # @triton.jit needs its source in a file
     script.write_text(code)
@@ -311,10 +325,15 @@ def test_a_triton_compile_error_names_the_students_own_error(tmp_path):
                               "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    kind, msg = out.stdout.split("\n", 1)
-    assert kind == "CompilationError"  # what the check receives
-    assert msg.startswith("your function raised NameError: undefined_name is not defined"), msg
-    assert "acc = acc + undefined_name" in msg  # the excerpt at the student's own line
+    cases = [c.split("\n", 1) for c in out.stdout.split("===== ")[1:]]
+    assert [kind for kind, _ in cases] == ["CompilationError"] * 3, out.stdout  # as received
+    named, asserted, arity = (msg for _, msg in cases)
+    assert named.startswith("your function raised NameError: undefined_name is not defined")
+    assert "at your line" in named and "acc = acc + undefined_name" in named, named
+    assert asserted.startswith("your function failed to compile (Triton): at 2:4:"), asserted
+    assert "BLOCK must be 32" in asserted and "def asserts(acc):" in asserted, asserted
+    assert arity.startswith("Triton could not compile the kernel around your function"), arity
+    assert "your line" not in arity and "a, b, c = LOOP(" in arity, arity
 
 
 def test_an_ordinary_error_is_reported_as_raised():

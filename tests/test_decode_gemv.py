@@ -218,6 +218,50 @@ def test_the_rope_epilogue_gives_the_bits_of_rope_kv_after_the_product(gen, dtyp
             assert torch.equal(kv[1][untouched], caches[1][untouched]), what
 
 
+@pytest.mark.parametrize("kind", ["dense", "int4 g64 asym"])
+def test_other_tiles_compute_the_same_products(gen, kind):
+    # `dg.tiles` (the gemv_tiles section of the GPU check times candidates with it) changes
+    # which program computes which rows and how many chunks a step loads, not the result:
+    # every candidate against the unfused oracle, the RoPE epilogue and SiLU·up included
+    # (small shapes: the interpreter runs one program at a time, and BLOCK_N 2 makes many;
+    # K 384 is 6 chunks of 64, so an unroll of 4 leaves a partial step, 24 a mostly empty one).
+    dtype = DTYPES[0]
+    k, num_q, num_kv, dim = 128, 3, 1, 16
+    n = (num_q + 2 * num_kv) * dim
+    w, exact = weights(gen, kind, n, k, dtype)
+    w_down, exact_down = weights(gen, kind, 24, 384, dtype)
+    x, delta, nw = randn(gen, 1, k, dtype=dtype), randn(gen, 1, k, dtype=dtype), \
+        1 + randn(gen, k, scale=0.2, dtype=dtype)
+    gate_up = randn(gen, 1, 2 * 384, dtype=dtype, scale=2.0)
+    cos, sin = rope_tables(gen, 1, dim, torch.float32)
+    rope = dg.Rope(num_q, num_kv, dim, cos, sin)
+    for tiles in ({"block_n": 2, "warps": 1, "unroll": 4}, {"block_n": 8, "warps": 2},
+                  {"block_n": 16, "warps": 4, "unroll": 24}):
+        what = f"{kind} {tiles}"
+        with dg.tiles(**tiles):
+            got = dg.launch_tiles(n, k, w, dtype)
+            s, y = dg.norm_linear(x, delta, nw, 1e-5, w)
+            _, y_rope = dg.norm_linear(x, delta, nw, 1e-5, w, rope)
+            y_down = dg.silu_mul_linear(gate_up, w_down)
+        assert got[:2] == (tiles["block_n"], tiles["warps"])
+        assert got[2] == (tiles.get("unroll", dg._int4_unroll(k, 64)) if kind != "dense" else 1)
+        assert torch.equal(s, x + delta), what
+        check(y, fused.rms_norm_ref(x + delta, nw, 1e-5), exact, dtype, what)
+        want_rope = y.clone()  # the same tiles' product, then rope_kv: the epilogue's bits
+        glue.rope_kv(want_rope.view(1, -1, dim), num_q, num_kv, cos, sin, None)
+        assert torch.equal(y_rope, want_rope), what
+        check(y_down, fused.silu_mul_ref(gate_up), exact_down, dtype, what)
+    assert dg.launch_tiles(n, k, w, dtype) != (16, 4, 24)  # the override ends with the block
+
+
+def test_tiles_reject_what_the_kernel_cannot_run():
+    for bad, words in (({"block_n": 3}, "power of two >= 2"), ({"block_n": 1}, "power of two"),
+                       ({"warps": 3}, "warps must be 1, 2, 4 or 8"),
+                       ({"unroll": 0}, "unroll must be an integer >= 1")):
+        with pytest.raises(ValueError, match=words), dg.tiles(**bad):
+            pass
+
+
 def test_the_rope_epilogue_rejects_bad_shapes_clearly(gen):
     x, nw = randn(gen, 2, 64), randn(gen, 64)
     w = randn(gen, (9 + 2 * 3) * 16, 64)

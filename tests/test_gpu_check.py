@@ -867,3 +867,38 @@ def test_pack_fills_copy_c_with_the_lab_wheels_the_corpus_and_part3(tmp_path):
     for text in ("--lab-parallel", "--lab-budget", "--no-index --no-deps", "MINILLM_CACHE_DIR",
                  "MINILLM_GGUF", "labs.json", "labs.md", "labs.log"):
         assert text in script, text
+
+
+def test_the_gemv_tiles_section_runs_only_when_asked_and_marks_the_shapes_own(tmp_path):
+    """`--sections gemv_tiles` times decode GEMV candidates (here in the interpreter, tiny),
+    each row with the tiles that ran; a plain run leaves it out (it is outside the 8
+    minutes); on a GPU every candidate list holds the shape's own tiles once, w4 first."""
+    import gpu_check_kernels
+    from minillm.kernels import decode_gemv as dg
+
+    out = tmp_path / "tiles.json"
+    res = _script("--cpu-dry-run", "--sections", "gemv_tiles", "--out", str(out))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.loads(out.read_text())
+    validate_report(report)
+    (tiles,) = report["sections"]
+    assert tiles["name"] == "gemv_tiles" and tiles["status"] == "ok"
+    assert [(r["product"], r["weight"]) for r in tiles["rows"]] == [
+        ("down", "w4"), ("o_proj", "w4"), ("down", "dense")]
+    assert all(r["ok"] and r["BLOCK_N"] == 2 and "default" in r for r in tiles["rows"])
+    assert any(n.startswith("down w4: fastest BLOCK_N=2") for n in tiles["notes"])
+    assert "gemv_tiles" not in {s.name for s in gpu_check_kernels.SECTIONS}
+    # What a GPU launch would get (the interpreter's tiles are its own): patched here.
+    own = dg.interpreter_enabled
+    dg.interpreter_enabled = lambda: False
+    try:
+        for weight in ("w4", "dense"):
+            for name, n, k, _ in gpu_check_kernels.GEMV_PRODUCTS:
+                cands = gpu_check_kernels.gemv_tile_candidates(weight, k)
+                hits = [c for c in cands if gpu_check_kernels.tiles_are_default(
+                    dg, n, k, weight, c, torch.bfloat16)]
+                assert len(hits) == 1, (name, weight, dg.launch_tiles(
+                    n, k, dg.Int4Weight(None, None, None, 64) if weight == "w4"
+                    else torch.empty(0), torch.bfloat16))
+    finally:
+        dg.interpreter_enabled = own

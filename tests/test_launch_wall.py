@@ -102,7 +102,7 @@ def test_launch_wall_table_and_summary_on_a_cpu():
         measure.LaunchWall(model, bandwidth_bytes_per_s=0)
 
 
-def test_on_a_gpu_triton_launches_are_counted_and_priced_apart():
+def test_triton_launches_are_counted_and_priced_apart():
     # The H100 of 2026-11-27: 1,252 operator calls at 9.5 µs were 11.9 ms of a 19.5 ms eager
     # step; its ~95 Triton launches (kernels the profiler lists without a host launch) the
     # rest. The floor now counts them at their own cost, measured on the step's own call.
@@ -126,10 +126,11 @@ def test_on_a_gpu_triton_launches_are_counted_and_priced_apart():
     assert launch._counts(events, cuda=True, graph=True) == (2, 1, 3, 0)  # a replay: none
     assert launch._counts(events, cuda=False)[3] == 0
 
-    model = tiny()
+    model = tiny("cpu")  # a CPU's wall, whatever the machine has: the arithmetic is the test
     wall = measure.LaunchWall(model, bandwidth_bytes_per_s=10e9, prompt_len=4, steps=2,
                               count_steps=2, rounds=1)
-    assert wall.triton_launch_s is None and launch.measure_triton_launch_cost(model) is None
+    assert wall.triton_launch_s is None and wall.triton_call is None
+    assert launch.measure_triton_launch_cost(model, wall.launch_s) is None
     run = launch.StepRun("eager", 0.02, host_ops=1252, launches=158, kernels=253,
                          triton_launches=95)
     assert wall.launch_floor_s(run) == pytest.approx(1252 * wall.launch_s)  # a CPU: no term
@@ -140,6 +141,20 @@ def test_on_a_gpu_triton_launches_are_counted_and_priced_apart():
     wall.runs = [run]
     table = wall.table()
     assert "one Triton launch 80.0 µs" in table and "triton" in table.splitlines()[1]
+
+
+def test_a_calls_host_ops_and_whether_generate_replays_a_graph():
+    x = torch.zeros(4)
+
+    def three_ops():  # what a wrapper around a Triton launch issues: views, an allocation
+        torch.empty_like(x.reshape(2, 2).view(4))
+
+    assert launch.count_host_ops(three_ops, calls=4) == 3
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert launch.replays_graph({}, gpu) and launch.replays_graph({"cuda_graph": None}, gpu)
+    assert not launch.replays_graph({"cuda_graph": False}, gpu)
+    assert not launch.replays_graph({"cuda_graph": None, "append_fn": print}, gpu)
+    assert not launch.replays_graph({}, cpu) and not launch.replays_graph({"cuda_graph": True}, cpu)
 
 
 def test_default_variants_follow_the_device():
@@ -161,7 +176,8 @@ def test_on_a_gpu_a_cuda_graph_keeps_the_kernels_and_drops_the_launches():
     assert graph.launches <= 10                    # inputs, one replay, the argmax
     assert graph.kernels >= 0.5 * eager.kernels    # the same step's kernels, replayed
     assert eager.triton_launches > 0 and graph.triton_launches == 0  # the Triton glue
-    assert wall.triton_launch_s > wall.launch_s    # Triton's launcher is Python
+    call_s, call_ops = wall.triton_call            # Triton's launcher is Python too
+    assert call_s > wall.launch_s and call_ops >= 1 and wall.triton_launch_s >= 0
     assert wall.predicted_s(eager) == pytest.approx(max(wall.bytes_floor_s, wall.launch_floor_s(eager)))
     print(wall.table())
 

@@ -62,10 +62,11 @@ most MAX_ROWS rows, and for a weight that is a plain `Linear`'s or a 4-bit `Quan
 with no hooks. `MINILLM_FUSED_GEMV=0` switches it off (the A/B of the GPU check),
 `MINILLM_FUSED_ROPE=0` the RoPE epilogue alone. The tiles are chosen
 from the shape (`_tiles`), not measured yet: the GPU check times this path against cuBLAS +
-glue in the same run.
+glue in the same run, and its opt-in `gemv_tiles` section times other tiles (`tiles`).
 """
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -284,6 +285,52 @@ def _tiles(n: int, block_k: int, int4: bool, elem_bytes: int = 2) -> tuple[int, 
     return block_n, warps
 
 
+_tile_override: dict = {}  # set only inside `tiles`
+
+
+@contextlib.contextmanager
+def tiles(block_n: int | None = None, warps: int | None = None, unroll: int | None = None):
+    """Launch every decode GEMV inside the block with these tiles (None: the shape's own,
+    `_tiles` / `_int4_unroll`): for timing candidates on a GPU (`gpu_check.py --sections
+    gemv_tiles`), not for models. block_n: rows a program, a power of two >= 2 (RoPE pairs);
+    warps: 1, 2, 4 or 8; unroll: 4-bit chunks a step, >= 1 (a float weight has none). A
+    candidate changes which program computes which rows, the order of a sum's last
+    reduction at most (its warps), never what is computed. Not thread-safe."""
+    if block_n is not None and (isinstance(block_n, bool) or not isinstance(block_n, int)
+                                or block_n < 2 or block_n & (block_n - 1)):
+        raise ValueError(f"block_n must be a power of two >= 2 (whole RoPE pairs), got {block_n!r}")
+    if warps is not None and warps not in (1, 2, 4, 8):
+        raise ValueError(f"warps must be 1, 2, 4 or 8, got {warps!r}")
+    if unroll is not None and (isinstance(unroll, bool) or not isinstance(unroll, int)
+                               or unroll < 1):
+        raise ValueError(f"unroll must be an integer >= 1 (4-bit chunks a step), got {unroll!r}")
+    before = dict(_tile_override)
+    _tile_override.update({k: v for k, v in (("block_n", block_n), ("warps", warps),
+                                             ("unroll", unroll)) if v is not None})
+    try:
+        yield
+    finally:
+        _tile_override.clear()
+        _tile_override.update(before)
+
+
+def launch_tiles(n: int, k: int, weight, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(BLOCK_N, warps, UNROLL) of a launch over ``weight`` (a float [N, K] or an
+    Int4Weight) with an input of ``dtype`` and width k: the shape's own, or `tiles`'."""
+    int4 = isinstance(weight, Int4Weight)
+    block_k = _block_k(weight.group_size) if int4 else _dense_block_k(k)
+    return _launch_tiles(n, k, int4, block_k, torch.empty((), dtype=dtype).element_size())
+
+
+def _launch_tiles(n: int, k: int, int4: bool, block_k: int,
+                  elem_bytes: int) -> tuple[int, int, int]:
+    block_n, warps = _tiles(n, block_k, int4, elem_bytes)
+    unroll = _int4_unroll(k, block_k) if int4 else 1
+    o = _tile_override
+    return (o.get("block_n", block_n), o.get("warps", warps),
+            o.get("unroll", unroll) if int4 else 1)
+
+
 def _rows(x: torch.Tensor, name: str, width: int) -> torch.Tensor:
     """x [..., width] as [M, width] with a contiguous last dimension (no copy)."""
     if x.dim() < 1 or x.shape[-1] != width:
@@ -354,12 +401,12 @@ def _launch(x2, delta2, norm_weight, eps, weight, prologue, k, rope=None):
         return s, y
     d = delta2 if delta2 is not None else x2
     nw = norm_weight if norm_weight is not None else x2
-    block_n, warps = _tiles(n, block_k, int4, x2.element_size())
+    block_n, warps, unroll = _launch_tiles(n, k, int4, block_k, x2.element_size())
     _decode_gemv_kernel[(cdiv(n, block_n), m)](
         x2, d, nw, s, w, scales, zeros, y, n, k, float(eps), group_size,
         x2.stride(0), d.stride(0), s.stride(0), swn, swk, ssn, szn, y.stride(0), *epilogue,
         PROLOGUE=prologue, HAS_DELTA=delta2 is not None, INT4=int4, HAS_ZEROS=has_zeros,
-        BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=_int4_unroll(k, block_k) if int4 else 1,
+        BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=unroll,
         NORM_BLOCK=_dense_block_k(k) if prologue == _NORM else 16, **epilogue_consts,
         num_warps=warps)
     return s, y

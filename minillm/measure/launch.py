@@ -27,7 +27,8 @@ What is measured, on the model's device, in the model's dtype:
   one-element tensor into a preallocated one), the median over bursts of ``ops`` of them,
   the device drained around each burst (``time_fn``); ``measure_triton_launch_cost``: the
   same for the step's most frequent Triton call (a layer's add + RMSNorm + gate|up decode
-  GEMV, ``fused.norm_linear``, on one row), on CUDA only;
+  GEMV, ``fused.norm_linear``, on one row) less its own operator calls (the step's count
+  has them already), on CUDA only;
 - ``count_step_ops``: the PyTorch profiler's counts per decode step of ``generate``, the
   prefill cancelled (a (1 + S)-token generation minus a 1-token one, over S):
   ``host_ops``, the operator calls from Python (the profiler's top-level operators: each
@@ -99,27 +100,57 @@ def measure_launch_cost(device=None, ops: int = 1000, repeats: int = 5) -> float
     return time_fn(burst, warmup=1, repeats=repeats, device=dev) / ops
 
 
-def measure_triton_launch_cost(model, calls: int = 200, repeats: int = 5) -> float | None:
-    """Seconds per Triton launch as ``model``'s eager decode step issues one, on its device:
-    a burst of the step's most frequent Triton call, the first layer's add + RMSNorm +
-    gate|up product on one row (``fused.norm_linear``: the decode GEMV, with minillm's
-    wrapper and Triton's launcher around it). None off CUDA: a CPU step launches no Triton
-    kernel (its glue is C++ and PyTorch)."""
+def measure_triton_launch_cost(model, launch_s: float, calls: int = 200,
+                               repeats: int = 5) -> float | None:
+    """See `measure_triton_call`: its cost beyond its operator calls, or None."""
+    call = measure_triton_call(model, calls, repeats)
+    return None if call is None else max(0.0, call[0] - call[1] * launch_s)
+
+
+def measure_triton_call(model, calls: int = 200,
+                        repeats: int = 5) -> tuple[float, float] | None:
+    """(seconds, operator calls) per Triton launch as ``model``'s eager decode step issues
+    one, on its device: a burst of the step's most frequent Triton call, the first layer's
+    add + RMSNorm + gate|up product on one row (``fused.norm_linear``: the decode GEMV, with
+    minillm's wrapper and Triton's launcher around it), and the operator calls its wrapper
+    makes (reshapes, output allocations: the step's own count holds them already, so
+    `measure_triton_launch_cost` charges a launch only what it costs beyond them). None off
+    CUDA (a CPU step launches no Triton kernel: its glue is C++ and PyTorch) or for a model
+    with no such layer."""
     if model.device.type != "cuda":
         return None
     from ..layers import fused
 
-    layer = next(m for m in model.modules() if hasattr(m, "post_attention_norm"))
+    layer = next((m for m in model.modules() if hasattr(m, "post_attention_norm")), None)
+    if layer is None:
+        return None
     norm, gate_up = layer.post_attention_norm, layer.mlp.gate_up_proj
     x = torch.randn(1, 1, model.config.hidden_size, device=model.device, dtype=model.dtype)
     delta = torch.randn_like(x)
 
+    def call():
+        fused.norm_linear(x, delta, norm.weight, norm.eps, gate_up)
+
     def burst():
         for _ in range(calls):
-            fused.norm_linear(x, delta, norm.weight, norm.eps, gate_up)
+            call()
 
     with torch.inference_mode():
-        return time_fn(burst, warmup=1, repeats=repeats, device=model.device) / calls
+        seconds = time_fn(burst, warmup=1, repeats=repeats, device=model.device) / calls
+        return seconds, count_host_ops(call, calls=8)
+
+
+def count_host_ops(fn, calls: int = 8) -> float:
+    """Operator calls from Python per call of ``fn`` (the profiler's top-level operators,
+    as ``count_step_ops`` counts a step's), over ``calls`` calls after one untimed."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn()
+    return _counts(prof.events(), cuda=False)[0] / calls
 
 
 def triton_kernel_names() -> frozenset[str]:
@@ -184,9 +215,23 @@ def count_step_ops(model, prompt_ids: Sequence[int], steps: int = 8, **generate_
         with profile(activities=activities) as prof:
             generate(model, prompt_ids, n, ignore_eos=True, **generate_options)
             synchronize(model.device)
-        counted.append(_counts(prof.events(), cuda, bool(generate_options.get("cuda_graph"))))
+        counted.append(_counts(prof.events(), cuda, replays_graph(generate_options,
+                                                                  model.device)))
     one, many = counted
     return StepCounts(*((b - a) / steps for a, b in zip(one, many)))
+
+
+def replays_graph(generate_options: dict, device: torch.device) -> bool:
+    """Whether ``generate(..., **generate_options)`` on ``device`` decodes by replaying a CUDA
+    graph, as generate resolves it (``cuda_graph=None``: yes on CUDA with the default cache
+    functions). A replay launches no Triton kernel from Python."""
+    from ..decode_graph import use_cuda_graph
+
+    if device.type != "cuda":
+        return False
+    plain = (generate_options.get("use_cache", True)
+             and not {"append_fn", "attend_fn"} & generate_options.keys())
+    return use_cuda_graph(generate_options.get("cuda_graph"), device, plain)
 
 
 def time_decode_step(model, prompt_ids: Sequence[int], steps: int = 16, rounds: int = 3,
@@ -244,7 +289,11 @@ class LaunchWall:
         self.bandwidth = float(bandwidth_bytes_per_s)
         self.overlapped = dev.type == "cuda"  # the host issues while the device runs
         self.launch_s = measure_launch_cost(dev)
-        self.triton_launch_s = measure_triton_launch_cost(model)  # None off CUDA
+        # On CUDA: one Triton call's (seconds, operator calls), and what a launch costs
+        # beyond those calls (the step's operator count holds them); None off CUDA.
+        self.triton_call = measure_triton_call(model)
+        self.triton_launch_s = (None if self.triton_call is None else
+                                max(0.0, self.triton_call[0] - self.triton_call[1] * self.launch_s))
         self.runs: list[StepRun] = []
         self.notes: list[str] = []
         self._counts: dict[str, StepCounts] = {}

@@ -91,26 +91,39 @@ def _raised_message(exc: BaseException) -> str:
     """'your function raised NameError: ...' and where, for an error from the student's code.
 
     A compiled @triton.jit function (on a GPU; the interpreter raises the error itself)
-    reports a mistake as nested ``CompilationError``s: the kernel's, at the call of the
-    student's function, caused by the one at the student's own line, whose context is the
-    error itself (NameError, a shape's ValueError). Name that error, and show the innermost
-    compile error: its source excerpt points at the student's line.
+    reports a mistake as nested compile errors (``CompilationError`` or a subclass, such as
+    a failed ``tl.static_assert``): the kernel's, at the call of the student's function,
+    caused by the one at the student's own line, whose cause or context is the error itself
+    (NameError, a shape's ValueError). Name that error, and show the innermost compile
+    error: with two or more, its source excerpt is the student's line. With one, the error
+    arose in the kernel around the student's function (what it returned did not fit, say),
+    and the message says so rather than blame a line of theirs.
     """
-    compile_error, root = None, exc
-    while type(root).__name__ == "CompilationError" and type(root).__module__.startswith("triton"):
-        compile_error = root
+    chain, root = [], exc
+    while _is_triton_compile_error(root):
+        chain.append(root)
         nxt = root.__cause__ if root.__cause__ is not None else root.__context__
         if nxt is None:
             break
         root = nxt
-    if compile_error is None:
+    if not chain:
         msg = f"your function raised {type(exc).__name__}: {exc}"
         where = _student_frame(exc.__traceback__)
         return msg + (f"\n  at {where}" if where else "")
-    if root is compile_error:  # no Python error under it: Triton's own message says it all
-        return f"your function failed to compile (Triton): {compile_error}"
+    inner = chain[-1]
+    if root is inner:  # no Python error under it: the compile error's own words
+        return f"your function failed to compile (Triton): {inner}"
+    if len(chain) == 1:
+        return (f"Triton could not compile the kernel around your function: "
+                f"{type(root).__name__}: {root} (check what your function takes and returns)"
+                f"\n  Triton's compile error, in the kernel:\n{inner}")
     return (f"your function raised {type(root).__name__}: {root}\n"
-            f"  Triton's compile error, at your line:\n{compile_error}")
+            f"  Triton's compile error, at your line:\n{inner}")
+
+
+def _is_triton_compile_error(exc: BaseException) -> bool:
+    return any(c.__name__ == "CompilationError" and c.__module__.startswith("triton")
+               for c in type(exc).__mro__)
 
 
 def _student_frame(tb: Any) -> str:
