@@ -507,6 +507,31 @@ def test_a_hooked_linear_is_not_bypassed(triton_glue, monkeypatch):
     assert calls.count("norm_linear+rope+kv") == num_layers - 1  # layer 0's q|k|v: unfused
     assert calls.count("norm_linear") == num_layers and calls.count("rope_kv+kv") == 1
 
+    # A forward set on the instance runs too, unless it only labels the call for a
+    # profile (`measure.step_profile.hook_linears`: the GEMV runs inside its range).
+    from minillm.measure import step_profile
+
+    for h in list(model.layers[0].attn.qkv_proj._forward_pre_hooks):
+        del model.layers[0].attn.qkv_proj._forward_pre_hooks[h]
+    proj = model.layers[1].attn.qkv_proj
+    proj.forward = lambda x, f=proj.forward: (seen.append(2), f(x))[1]
+    seen.clear()
+    calls.clear()
+    with torch.inference_mode():
+        g.decode(12, 4)
+    assert seen == [2] and calls.count("norm_linear+rope+kv") == num_layers - 1
+    del proj.forward
+    handles = step_profile.hook_linears(model)
+    try:
+        calls.clear()
+        with torch.inference_mode():
+            g.decode(13, 5)
+    finally:
+        for h in handles:
+            h.remove()
+    assert calls.count("norm_linear+rope+kv") == num_layers  # labels only: every layer fused
+    assert not any("forward" in vars(m) for m in model.modules())
+
 
 def test_prefill_rows_a_subclass_and_training_take_the_unfused_path(triton_glue, monkeypatch):
     """More than MAX_ROWS rows (a prefill), a Linear subclass with its own forward (a

@@ -227,6 +227,34 @@ def test_profile_decode_step_bins_add_up_and_leave_the_model_as_it_was():
         assert "minillm::Linear" in names
     assert "bin: weights" in prof.table() and "profiled step" in prof.table()
     assert model.attn_backend is backend and ContiguousDecode.__call__ is kernel_call
-    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules() if isinstance(m, Linear))
+    assert not any(m._forward_hooks or m._forward_pre_hooks or "forward" in vars(m)
+                   for m in model.modules() if isinstance(m, Linear))
+    from minillm.layers import fused
+    assert fused.PRODUCT_RANGE is None
     with pytest.raises(ValueError, match="steps"):
         profile_decode_step(model, [5, 17], steps=0)
+
+
+def test_the_profile_times_the_step_that_runs_the_decode_gemv_included(monkeypatch):
+    # Lab 01 section 9 on a GPU: the decode GEMV runs a layer's norm + product in one
+    # kernel, without the Linear's forward. Forward hooks turned it off (a hooked Linear
+    # keeps its call), so the profile timed another step than the real one. Here the Triton
+    # glue runs in the interpreter, as it runs compiled on CUDA.
+    from minillm.kernels import decode_gemv as dg
+    from minillm.layers import fused
+    from minillm.measure import profile_decode_step
+
+    monkeypatch.setattr(fused, "TRITON_ON_CPU", True)
+    calls = []
+    real = dg.norm_linear
+
+    def counted(*args, **kwargs):
+        calls.append(fused.PRODUCT_RANGE)  # the range the call runs in
+        return real(*args, **kwargs)
+    monkeypatch.setattr(dg, "norm_linear", counted)
+    model = tiny("cpu")
+    prof = profile_decode_step(model, [5, 17, 3], steps=2)
+    assert calls, "the decode GEMV did not run inside the profile"
+    assert set(calls) == {"minillm::Linear"}  # binned as weights
+    assert prof.bins["weights"] > 0
+    assert fused.PRODUCT_RANGE is None  # restored

@@ -232,6 +232,9 @@ def gemv_weight(linear, x: torch.Tensor, *others: torch.Tensor):
             or torch.nn.modules.module._global_forward_hooks
             or torch.nn.modules.module._global_forward_pre_hooks):
         return None
+    own = vars(linear).get("forward")  # a forward set on the instance must run, unless it
+    if own is not None and not getattr(own, "labels_only", False):  # only labels (a profile)
+        return None
     get = getattr(linear, "gemv_weight", None)
     w = get() if get is not None else None
     if isinstance(w, torch.Tensor) and (w.dtype != x.dtype or w.device != x.device
@@ -304,6 +307,11 @@ def silu_mul_linear(gate_up: torch.Tensor, linear) -> torch.Tensor:
     return linear(silu_mul(gate_up))
 
 
+# A profiler range opened around each decode GEMV call, or None (no range, no cost). The
+# GEMV runs no Linear's forward, so a profile that labels the weight products by wrapping
+# their modules (Lab 01's, `measure.step_profile.hook_linears`) sets this to its label.
+PRODUCT_RANGE: str | None = None
+
 # What each switch turns off, and what runs instead (`_gemv_or_none`'s warning).
 _FALLBACKS = {
     "FUSED_GEMV": ("the decode GEMV", "the glue and the weight products run as separate "
@@ -323,7 +331,10 @@ def _gemv_or_none(call, switch: str = "FUSED_GEMV"):
     warm up eagerly first, so the first call of each kernel, and its compile, happen before
     any capture)."""
     try:
-        return call()
+        if PRODUCT_RANGE is None:
+            return call()
+        with torch.profiler.record_function(PRODUCT_RANGE):
+            return call()
     except Exception as e:  # noqa: BLE001  (any failure: fall back, said once, below)
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             raise

@@ -6,8 +6,9 @@ and splits the profiled time of a step into three bins:
 
 - **weights**: every weight product, i.e. every call of a ``minillm.layers.Linear`` (the
   121 projections and the LM head). Each call is wrapped in a profiler range named
-  ``minillm::Linear`` by forward hooks, because on a CPU the product runs in a C++
-  extension that the profiler would not see as an operator;
+  ``minillm::Linear`` (``hook_linears``), because on a CPU the product runs in a C++
+  extension that the profiler would not see as an operator; on CUDA the decode GEMV's
+  products (each with the glue before it) are wrapped too;
 - **attention**: every call of the attention backend over the cache (``dense``,
   ``paged_decode``, ``varlen``), and of the C++ decode kernel that a CPU's contiguous cache
   may take instead (``attention.cpu_decode.ContiguousDecode``), wrapped in a range named
@@ -94,26 +95,42 @@ def _labelled(fn):
     return labelled
 
 
+class _Undo:
+    """A handle whose ``remove()`` undoes one change (as a hook's handle does)."""
+
+    def __init__(self, undo):
+        self.remove = undo
+
+
 def hook_linears(model) -> list:
-    """Forward hooks that open a profiler range (WEIGHTS_RANGE) before each Linear and close it
-    after; returns their handles (call .remove() on each). Also used by
+    """Label every weight product of ``model`` with a profiler range (WEIGHTS_RANGE): each
+    Linear's forward wrapped on its instance, and the decode GEMV's products, which run no
+    module's forward (on CUDA a layer's norm + q|k|v, norm + gate|up and SiLU·up + down are
+    one kernel each: `fused.PRODUCT_RANGE`). Not forward hooks: a hooked Linear must keep
+    its own call, which turns the GEMV off, and the profile would time another step than the
+    one that runs. Returns handles (call .remove() on each). Also used by
     benchmarks/decode_profile.py."""
+    from ..layers import fused
     from ..layers.linear import Linear
 
-    handles, open_ranges = [], []
+    def labelled(forward):
+        def forward_in_range(*args, **kwargs):
+            with torch.profiler.record_function(WEIGHTS_RANGE):
+                return forward(*args, **kwargs)
+        forward_in_range.labels_only = True  # the GEMV may still replace the call
+        return forward_in_range
 
-    def enter(module, args):
-        rf = torch.profiler.record_function(WEIGHTS_RANGE)
-        rf.__enter__()
-        open_ranges.append(rf)
-
-    def leave(module, args, output):
-        open_ranges.pop().__exit__(None, None, None)
-
+    handles = []
     for module in model.modules():
-        if isinstance(module, Linear):
-            handles.append(module.register_forward_pre_hook(enter))
-            handles.append(module.register_forward_hook(leave))
+        if isinstance(module, Linear) and "forward" not in vars(module):
+            module.forward = labelled(module.forward)
+            handles.append(_Undo(lambda m=module: vars(m).pop("forward", None)))
+    before = fused.PRODUCT_RANGE
+    fused.PRODUCT_RANGE = WEIGHTS_RANGE
+
+    def restore():
+        fused.PRODUCT_RANGE = before
+    handles.append(_Undo(restore))
     return handles
 
 
