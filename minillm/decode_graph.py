@@ -48,6 +48,12 @@ MIN_CAPACITY = 256
 _WARNED: set[str] = set()
 
 
+def plain_cache(use_cache: bool = True, append_fn=None, attend_fn=None) -> bool:
+    """Whether generate runs the cache with its default functions (what a graph or a
+    compiled step needs): a student's append_fn / attend_fn run eagerly."""
+    return bool(use_cache) and append_fn is None and attend_fn is None
+
+
 def use_cuda_graph(requested: bool | None, device: torch.device, plain: bool) -> bool:
     """Resolve generate's `cuda_graph` argument. plain: the cache and the default cache
     functions are in use (a student's append_fn / attend_fn run eagerly)."""

@@ -47,7 +47,7 @@ def generate_stream(model, prompt_ids, max_new_tokens: int, temperature: float =
     compilation. `cuda_graph` (None: True on CUDA) replays decode steps as a CUDA graph
     (see the module doc). Both need the cache and the default functions.
     """
-    plain = use_cache and append_fn is None and attend_fn is None
+    plain = decode_graph.plain_cache(use_cache, append_fn, attend_fn)
     if compile and not plain:
         raise ValueError("compile=True needs use_cache=True and the default append_fn / "
                          "attend_fn (a student's functions run eagerly)")

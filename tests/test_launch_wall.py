@@ -130,11 +130,13 @@ def test_triton_launches_are_counted_and_priced_apart():
     wall = measure.LaunchWall(model, bandwidth_bytes_per_s=10e9, prompt_len=4, steps=2,
                               count_steps=2, rounds=1)
     assert wall.triton_launch_s is None and wall.triton_call is None
-    assert launch.measure_triton_launch_cost(model, wall.launch_s) is None
+    assert launch.measure_triton_call(model) is None
     run = launch.StepRun("eager", 0.02, host_ops=1252, launches=158, kernels=253,
                          triton_launches=95)
     assert wall.launch_floor_s(run) == pytest.approx(1252 * wall.launch_s)  # a CPU: no term
-    wall.triton_launch_s, wall.launch_s = 80e-6, 9.5e-6  # the H100's, as a GPU would measure
+    # The H100's, as a GPU would measure them: a call of 7 operator calls and 80 µs more.
+    wall.launch_s, wall.triton_call = 9.5e-6, (80e-6 + 7 * 9.5e-6, 7)
+    assert wall.triton_launch_s == pytest.approx(80e-6)  # net of the calls the step counts
     assert wall.launch_floor_s(run) == pytest.approx(1252 * 9.5e-6 + 95 * 80e-6)
     counts = launch.StepCounts(1252, 158, 253, 95)  # what q13's predict cell passes
     assert wall.launch_floor_s(counts) == wall.launch_floor_s(run)
@@ -154,6 +156,7 @@ def test_a_calls_host_ops_and_whether_generate_replays_a_graph():
     assert launch.replays_graph({}, gpu) and launch.replays_graph({"cuda_graph": None}, gpu)
     assert not launch.replays_graph({"cuda_graph": False}, gpu)
     assert not launch.replays_graph({"cuda_graph": None, "append_fn": print}, gpu)
+    assert launch.replays_graph({"append_fn": None, "attend_fn": None}, gpu)  # as generate reads them
     assert not launch.replays_graph({}, cpu) and not launch.replays_graph({"cuda_graph": True}, cpu)
 
 

@@ -25,7 +25,7 @@ What is measured, on the model's device, in the model's dtype:
 
 - ``measure_launch_cost``: seconds per tiny operation issued from Python (``torch.add`` of a
   one-element tensor into a preallocated one), the median over bursts of ``ops`` of them,
-  the device drained around each burst (``time_fn``); ``measure_triton_launch_cost``: the
+  the device drained around each burst (``time_fn``); ``measure_triton_call``: the
   same for the step's most frequent Triton call (a layer's add + RMSNorm + gate|up decode
   GEMV, ``fused.norm_linear``, on one row) less its own operator calls (the step's count
   has them already), on CUDA only;
@@ -100,13 +100,6 @@ def measure_launch_cost(device=None, ops: int = 1000, repeats: int = 5) -> float
     return time_fn(burst, warmup=1, repeats=repeats, device=dev) / ops
 
 
-def measure_triton_launch_cost(model, launch_s: float, calls: int = 200,
-                               repeats: int = 5) -> float | None:
-    """See `measure_triton_call`: its cost beyond its operator calls, or None."""
-    call = measure_triton_call(model, calls, repeats)
-    return None if call is None else max(0.0, call[0] - call[1] * launch_s)
-
-
 def measure_triton_call(model, calls: int = 200,
                         repeats: int = 5) -> tuple[float, float] | None:
     """(seconds, operator calls) per Triton launch as ``model``'s eager decode step issues
@@ -114,7 +107,7 @@ def measure_triton_call(model, calls: int = 200,
     add + RMSNorm + gate|up product on one row (``fused.norm_linear``: the decode GEMV, with
     minillm's wrapper and Triton's launcher around it), and the operator calls its wrapper
     makes (reshapes, output allocations: the step's own count holds them already, so
-    `measure_triton_launch_cost` charges a launch only what it costs beyond them). None off
+    `LaunchWall.triton_launch_s` charges a launch only what it costs beyond them). None off
     CUDA (a CPU step launches no Triton kernel: its glue is C++ and PyTorch) or for a model
     with no such layer."""
     if model.device.type != "cuda":
@@ -225,12 +218,12 @@ def replays_graph(generate_options: dict, device: torch.device) -> bool:
     """Whether ``generate(..., **generate_options)`` on ``device`` decodes by replaying a CUDA
     graph, as generate resolves it (``cuda_graph=None``: yes on CUDA with the default cache
     functions). A replay launches no Triton kernel from Python."""
-    from ..decode_graph import use_cuda_graph
+    from ..decode_graph import plain_cache, use_cuda_graph
 
     if device.type != "cuda":
         return False
-    plain = (generate_options.get("use_cache", True)
-             and not {"append_fn", "attend_fn"} & generate_options.keys())
+    plain = plain_cache(generate_options.get("use_cache", True),
+                        generate_options.get("append_fn"), generate_options.get("attend_fn"))
     return use_cuda_graph(generate_options.get("cuda_graph"), device, plain)
 
 
@@ -289,14 +282,19 @@ class LaunchWall:
         self.bandwidth = float(bandwidth_bytes_per_s)
         self.overlapped = dev.type == "cuda"  # the host issues while the device runs
         self.launch_s = measure_launch_cost(dev)
-        # On CUDA: one Triton call's (seconds, operator calls), and what a launch costs
-        # beyond those calls (the step's operator count holds them); None off CUDA.
-        self.triton_call = measure_triton_call(model)
-        self.triton_launch_s = (None if self.triton_call is None else
-                                max(0.0, self.triton_call[0] - self.triton_call[1] * self.launch_s))
+        self.triton_call = measure_triton_call(model)  # (s, operator calls); None off CUDA
         self.runs: list[StepRun] = []
         self.notes: list[str] = []
         self._counts: dict[str, StepCounts] = {}
+
+    @property
+    def triton_launch_s(self) -> float | None:
+        """What one Triton launch costs the host beyond its wrapper's operator calls (the
+        step's operator count holds those at `launch_s` each), at least 0; None off CUDA."""
+        if self.triton_call is None:
+            return None
+        seconds, ops = self.triton_call
+        return max(0.0, seconds - ops * self.launch_s)
 
     @property
     def bytes_floor_s(self) -> float:
