@@ -287,7 +287,7 @@ def test_a_triton_compile_error_names_the_students_own_error(tmp_path):
         import triton, triton.language as tl
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
-        from quizzes.checks.core import _raised_message
+        from quizzes.checks.raised import raised_message
 
         @triton.jit
         def undefined(acc):
@@ -316,7 +316,7 @@ def test_a_triton_compile_error_names_the_students_own_error(tmp_path):
                                target=GPUTarget("cuda", 90, 32))
             except Exception as exc:
                 print("=====", type(exc).__name__)
-                print(_raised_message(exc))
+                print(raised_message(exc))
     ''')
     script = tmp_path / "compile_student_loop.py"  # @triton.jit needs its source in a file
     script.write_text(code)
@@ -337,9 +337,9 @@ def test_a_triton_compile_error_names_the_students_own_error(tmp_path):
 
 
 def test_an_ordinary_error_is_reported_as_raised():
-    from quizzes.checks.core import _raised_message
+    from quizzes.checks.raised import raised_message
 
     try:
         {}["k"]
     except KeyError as exc:
-        assert _raised_message(exc).startswith("your function raised KeyError: 'k'")
+        assert raised_message(exc).startswith("your function raised KeyError: 'k'")
