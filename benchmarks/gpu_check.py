@@ -5,6 +5,9 @@
     python benchmarks/gpu_check.py --cpu-dry-run   # no GPU: every path at tiny sizes on CPU
     python benchmarks/gpu_check.py --autotune      # re-measure the kernels' tile configs:
                                                    #   <out>.tuned.json, for pin_configs.py
+    python benchmarks/gpu_check.py --sections gemv_tiles,decode  # the decode GEMV's tiles
+                                                   #   measured, then decode with the fastest
+                                                   #   (<out>.tuned.json as well)
     python benchmarks/gpu_check.py --random-weights  # model sections without the GGUF
 
 Sections (each isolated: one that raises is reported with its error and the rest still
@@ -29,9 +32,11 @@ run; each has a time box, and what it had no time for is listed as skipped):
                       graph and eager, and where the batch-64 step's time goes
     decode_gemv       gpu_check_kernels: the decode GEMV (glue fused into the product)
                       against glue + cuBLAS / the W4A16 kernel, SmolLM2's products
-    gemv_tiles        gpu_check_kernels: the decode GEMV's tiles, ~90 candidates at M = 1
-                      against the shape's own, w4 first. Only when asked (--sections
-                      gemv_tiles), outside the 8 minutes
+    gemv_tiles        gpu_check_kernels: the decode GEMV's tiles, 113 candidates at M = 1
+                      against the pinned ones, w4 first; each product's fastest is kept for
+                      the sections after it (run before the model sections) and written to
+                      <out>.tuned.json. Only when asked (--sections gemv_tiles), outside the
+                      8 minutes
     pytest            gpu_check_model: the test files of the kernels (Lab 03's scaffold kernel
                       included), speculative decoding and tensor parallelism, with the CUDA
                       device visible, all at once (not in --quick)
@@ -411,6 +416,10 @@ def environment(device: torch.device, mode: str) -> dict:
         bw = max(measure_bandwidth(device, num_bytes=32 * 2**20, repeats=3).values())
         flops = measure_matmul_flops(device, torch.float32, n=512, repeats=3)
     env.update(bandwidth_GBps=round(bw / 1e9, 1), matmul_TFLOPs=round(flops / 1e12, 3))
+    from minillm.kernels import tuning  # configs an earlier process measured, if given
+
+    if os.environ.get("MINILLM_TUNED"):
+        env.update(tuned=os.environ["MINILLM_TUNED"], tuned_configs=len(tuning.measured()))
     return env
 
 
@@ -484,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
     asked_only = gpu_check_kernels.ASKED_ONLY + [labs_section]
-    sections = gpu_check_kernels.SECTIONS + gpu_check_model.SECTIONS + asked_only
+    sections = all_sections(labs_section)
     if not args.sections:  # these run only when asked (the labs: by --labs too)
         sections = [s for s in sections if s not in asked_only
                     or (s is labs_section and args.labs is not None)]
@@ -515,9 +524,12 @@ def main(argv: list[str] | None = None) -> int:
 
     tuned = out.with_name(out.stem + ".tuned.json")
 
+    def wants_tuned() -> bool:  # autotuning, or configs measured otherwise (gemv_tiles)
+        return bool(args.autotune or tuning.autotune_requested() or tuning.measured())
+
     def progress(entries: list[dict]) -> None:
         write_report(report_of(entries, False), out, args.markdown)
-        if args.autotune or tuning.autotune_requested():  # a cut run keeps them too
+        if wants_tuned():  # a cut run keeps them too
             write_tuned(tuned, env)
 
     write_report(report_of([_skipped_entry(s, NOT_REACHED) for s in sections], False), out,
@@ -539,11 +551,21 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + e.signum
     report = report_of(entries, True)
     md = write_report(report, out, args.markdown)
-    if args.autotune or tuning.autotune_requested():
+    if wants_tuned():
         print(f"wrote {write_tuned(tuned, env)} ({len(tuning.measured())} tuned buckets)")
     print("\n" + md)
     print(f"wrote {out}; {summary(report)}")
     return 0 if report["ok"] else 1
+
+
+def all_sections(labs_section: Section) -> list[Section]:
+    """Every section in the order a run takes them: the kernels', gemv_tiles (before the
+    model sections, so that decode launches the tiles it measured), the models', the labs."""
+    import gpu_check_kernels
+    import gpu_check_model
+
+    return (gpu_check_kernels.SECTIONS + gpu_check_kernels.ASKED_ONLY
+            + gpu_check_model.SECTIONS + [labs_section])
 
 
 def write_tuned(path: Path, env: dict) -> Path:

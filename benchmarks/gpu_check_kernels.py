@@ -383,8 +383,8 @@ def check_w4a16(run) -> None:
 
 
 # SmolLM2's three products that the decode GEMV takes with their glue: (name, N, K, prologue),
-# and o_proj, which has no glue before it (the model leaves it to cuBLAS / the W4A16
-# kernel): whether the GEMV alone is faster there too.
+# and o_proj, which has no glue before it: the GEMV alone against cuBLAS / the W4A16 kernel
+# (the H100 of 2026-11-27 measured 1.30x in bf16, and the model now sends o_proj to it).
 # q|k|v as the model runs it: RoPE and the K/V store in the product's epilogue (SmolLM2's
 # 9 + 2 * 3 heads: D = N / 15); the unfused side then runs glue.rope_kv after the product.
 GEMV_HEADS = (9, 3)
@@ -456,7 +456,8 @@ def _gemv_case(run, name, n, k, prologue, m, weight, dtype, tiles) -> dict:
     row = {"product": name, "prologue": prologue, "weight": weight,
            "dtype": str(dtype)[6:], "N": n, "K": k, "M": m, "rel_err": err, "us": 1e3 * ms}
     if tiles is not None:  # the tiles that ran (a None of `tiles` is the shape's own)
-        b_n, warps, unroll = dg.launch_tiles(n, k, fused_w(copies[0]), dtype)
+        b_n, warps, unroll = dg.launch_tiles(n, k, fused_w(copies[0]), dtype,
+                                             GEMV_PROLOGUE[prologue])
         row.update(BLOCK_N=b_n, warps=warps, UNROLL=unroll, first_s=first_s,
                    ok=err <= tol(dtype))
         return row
@@ -490,12 +491,15 @@ def check_decode_gemv(run) -> None:
 
 # ----------------------------------------------------------------------------- gemv_tiles
 
-# The decode GEMV's tiles were chosen from the shapes (`decode_gemv._tiles`). On the H100 of
-# 2026-11-27 (evening) SmolLM2's w4 batch-1 step lost to bf16 by 0.77x, and the decode_gemv
-# section named where: SiLU·up + down in int4, 8.61 µs against 5.30 in bf16, its 4-row,
-# one-warp tile giving N = 576 only 144 programs. This opt-in section times other tiles of
-# every SmolLM2 product at M = 1 (`decode_gemv.tiles`), w4 first, so that a GPU session can
-# choose them by measurement: `gpu_check.py --sections gemv_tiles`.
+# The decode GEMV's pinned tiles are its rule's (`decode_gemv._analytic`) until measured. On
+# the H100 of 2026-11-27 (evening) SmolLM2's w4 batch-1 step lost to bf16 by 0.77x, and the
+# decode_gemv section named where: SiLU·up + down in int4, 8.61 µs against 5.30 in bf16, its
+# 4-row, one-warp tile giving N = 576 only 144 programs. This opt-in section times the
+# candidates (`decode_gemv.INT4_TILES`, `DENSE_TILES`) of every SmolLM2 product at M = 1
+# (`decode_gemv.tiles`), w4 first, and keeps each product's fastest for its shape class
+# (`tuning.record_measured`): the sections after it in the same run (or a later process
+# given the tuned file, MINILLM_TUNED) decode with them, and `pin_configs.py --merge` pins
+# them. `gpu_check.py --sections gemv_tiles`.
 GEMV_TILE_ORDER = ("down", "o_proj", "gate_up", "qkv")  # the losers first
 
 
@@ -507,10 +511,10 @@ def gemv_tile_candidates(weight: str, k: int, group: int = 64) -> list[dict]:
 
     if weight == "w4":
         chunks = k // group
-        unrolls = sorted({dg._int4_unroll(k, group), min(4, chunks), chunks})
-        return [{"block_n": b, "warps": w, "unroll": u}
-                for b in (2, 4, 8) for w in (1, 2, 4) for u in unrolls]
-    return [{"block_n": b, "warps": w} for b in (2, 4, 8, 16) for w in (4, 8)]
+        unrolls = {dg._int4_unroll(k, group), min(4, chunks), chunks}
+        return [{"block_n": b, "warps": w, "unroll": u} for b, w, u in dg.INT4_TILES
+                if u in unrolls]
+    return [{"block_n": b, "warps": w} for b, w, _ in dg.DENSE_TILES]
 
 
 def check_gemv_tiles(run) -> None:
@@ -521,8 +525,8 @@ def check_gemv_tiles(run) -> None:
     cases = []
     for weight in ("w4", "dense"):
         for name, n, k, prologue in products:
-            if run.dry:  # the interpreter: a small twin (K a multiple of 64)
-                n, k = n // 8, 64 * (k // 576)
+            if run.dry:  # the interpreter: a small twin (K kept: the candidates' steps)
+                n = n // 8
             cands = gemv_tile_candidates(weight, k)
             cases += [(name, n, k, prologue, weight, c) for c in
                       run.pick(cands, cands[:4] if name in ("down", "o_proj") else [], cands[:1])]
@@ -532,19 +536,53 @@ def check_gemv_tiles(run) -> None:
         label = f"{name} {weight} " + " ".join(f"{a}={b}" for a, b in tiles.items())
         run.case(label, lambda name=name, n=n, k=k, prologue=prologue, weight=weight,
                  tiles=tiles: tile_case(run, dg, name, n, k, prologue, weight, dtype, tiles))
-    for (name, weight), rows in itertools.groupby(
-            [r for r in run.rows if "us" in r], key=lambda r: (r["product"], r["weight"])):
-        rows = list(rows)
-        best = min(rows, key=lambda r: r["us"])
-        own = [r for r in rows if r.get("default")]
-        vs = f", {own[0]['us'] / best['us']:.2f}x the shape's own tiles' {own[0]['us']:.2f} µs" \
+    fastest = fastest_tiles(run.rows, dtype)
+    for bucket, cfg, best, own in fastest:
+        vs = f", {own['us'] / best['us']:.2f}x the pinned tiles' {own['us']:.2f} µs" \
             if own else ""
-        run.notes.append(f"{name} {weight}: fastest BLOCK_N={best['BLOCK_N']} "
+        run.notes.append(f"{best['product']} {best['weight']}: fastest BLOCK_N={best['BLOCK_N']} "
                          f"warps={best['warps']} UNROLL={best['UNROLL']}, {best['us']:.2f} µs"
                          + vs)
+    if not run.dry:  # from here on this process launches them; gpu_check writes them out
+        from minillm.kernels import tuning
+
+        arch = tuning.device_arch(run.device)
+        for bucket, cfg, best, _ in fastest:
+            tuning.record_measured("decode_gemv", arch, bucket, cfg, best["us"])
+        run.notes.append("each product's fastest tiles are kept for its shape class: the "
+                         "sections after this one launch them, and <out>.tuned.json has them "
+                         "for benchmarks/pin_configs.py --merge")
     run.notes.append("decode GEMV tiles (decode_gemv.tiles) at M = 1, each timed from a CUDA "
                      "graph over weight copies larger than L2, as the decode_gemv section "
-                     "times the shape's own; default: the tiles the shape gets today")
+                     "times the pinned ones; default: the tiles pinned for the shape")
+
+
+# What each product's prologue is called by `decode_gemv.launch_tiles`.
+GEMV_PROLOGUE = {"add+norm+rope": "norm", "add+norm": "norm", "silu·up": "silu", "none": "none"}
+
+
+def fastest_tiles(rows: list[dict], dtype) -> list[tuple]:
+    """(decode GEMV bucket, its config, the fastest correct row, the pinned tiles' row or
+    None) for each product and weight of a gemv_tiles run, in the rows' order. A row that
+    failed, or erred beyond the dtype's tolerance, is never the fastest."""
+    import triton
+    from minillm.kernels import decode_gemv as dg
+
+    prologue = {name: GEMV_PROLOGUE[p] for name, _, _, p in GEMV_PRODUCTS}
+    out = []
+    timed = [r for r in rows if "us" in r and r.get("ok")]
+    for (name, weight), group in itertools.groupby(timed, key=lambda r: (r["product"],
+                                                                         r["weight"])):
+        group = list(group)
+        best = min(group, key=lambda r: r["us"])
+        own = next((r for r in group if r.get("default")), None)
+        n, k, int4 = best["N"], best["K"], weight == "w4"
+        block_k = (64 if k % 64 == 0 else 32) if int4 else dg._dense_block_k(k)
+        bucket = dg.bucket_for(n, k, int4, block_k, dg.PROLOGUES[prologue[name]], dtype)
+        cfg = triton.Config({"BLOCK_N": best["BLOCK_N"], "UNROLL": best["UNROLL"]},
+                            num_warps=best["warps"], num_stages=1)
+        out.append((bucket, cfg, best, own))
+    return out
 
 
 def tile_case(run, dg, name, n, k, prologue, weight, dtype, tiles) -> dict:
@@ -558,14 +596,16 @@ def tile_case(run, dg, name, n, k, prologue, weight, dtype, tiles) -> dict:
         return {"product": name, "weight": weight, "N": n, "K": k, "M": 1,
                 "BLOCK_N": tiles["block_n"], "warps": tiles["warps"],
                 "UNROLL": tiles.get("unroll", 1), "error": f"does not fit: {e}"[:200]}
-    return {**row, "default": tiles_are_default(dg, n, k, weight, tiles, dtype)}
+    return {**row, "default": tiles_are_default(dg, n, k, prologue, weight, tiles, dtype)}
 
 
-def tiles_are_default(dg, n, k, weight, tiles, dtype) -> bool:
-    """Whether ``tiles`` are the ones a launch of this shape gets without `decode_gemv.tiles`."""
+def tiles_are_default(dg, n, k, prologue, weight, tiles, dtype, arch=None) -> bool:
+    """Whether ``tiles`` are the ones a launch of this shape gets without `decode_gemv.tiles`
+    (on a GPU of ``arch``; None: this process's)."""
     group = 64 if k % 64 == 0 else 32
     w = dg.Int4Weight(None, None, None, group) if weight == "w4" else None
-    own = dg.launch_tiles(n, k, w if w is not None else torch.empty(0), dtype)
+    own = dg.launch_tiles(n, k, w if w is not None else torch.empty(0), dtype,
+                          GEMV_PROLOGUE[prologue], arch)
     return own == (tiles["block_n"], tiles["warps"], tiles.get("unroll", 1))
 
 

@@ -128,7 +128,10 @@ def to_markdown(report: dict) -> str:
              f"torch {env['torch']}, triton {env['triton']}, Python {env['python']}, "
              f"{env['date']}; measured bandwidth {env.get('bandwidth_GBps')} GB/s, matmul "
              f"{env.get('matmul_TFLOPs')} TFLOP/s. Command: `{report['command']}` "
-             f"({report['seconds']:.0f} s, {summary(report)}).", ""]
+             f"({report['seconds']:.0f} s, {summary(report)})." + (
+                 f" Tile configs measured by an earlier process of the session were launched "
+                 f"(MINILLM_TUNED: {env['tuned_configs']} from {env['tuned']})."
+                 if env.get("tuned") else ""), ""]
     for s in report["sections"]:
         lines.append(f"**{s['title']}** ({s['status']}, {s['seconds']:.0f} s)")
         lines.append("")

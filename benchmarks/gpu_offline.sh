@@ -34,7 +34,12 @@
 #   GPU_CHECK_ARGS   extra gpu_check arguments for part1 and part2, e.g. "--quick", "--autotune"
 #   KERNEL_SECTIONS  part1 (default flash_attention,paged_decode,varlen,w4a16,decode_gemv; empty: none)
 #   MODEL_SECTIONS   part2 (default greedy_match,decode,serving,pytest; empty: none)
-#   KWAIT            part2: seconds to wait for the kernel sections (default 120)
+#   KWAIT            part2: seconds to wait for the kernel sections (default 120); when they
+#                    finish first and wrote kernels.tuned.json (gemv_tiles in KERNEL_SECTIONS,
+#                    or --autotune), the model sections launch those configs (MINILLM_TUNED).
+#                    gemv_tiles adds ~150 s to part1's sections: wait for them in a call of
+#                    their own between part1 and part2 (a call runs 10 minutes at most):
+#                    while [ ! -f /tmp/minillm-gpu/kernels.done ]; do sleep 2; done
 #   MODEL_S          part2: outer limit on the model sections in seconds (default 345)
 #   LABS             part3: the labs, e.g. 01,05 (default all)
 #   LAB_PARALLEL     part3: labs at once (default 5; 1 for clean per-lab seconds)
@@ -52,7 +57,7 @@
 # of device time leave part3 about 4 (LABS_S 240): ten labs in that time only side by side.
 set -euo pipefail
 cmd=${1:-}
-[ "$cmd" = pack ] || { sed -n 2,52p "$0"; exit 2; }
+[ "$cmd" = pack ] || { sed -n 2,57p "$0"; exit 2; }
 [ -f benchmarks/gpu_check.py ] || { echo "run this in the project root" >&2; exit 2; }
 py=${PYTHON:-.venv/bin/python}
 limit=$((64 * 1024 * 1024))
@@ -129,7 +134,13 @@ if [ -f $D/kernels.started ]; then
   [ -f $D/kernels.done ] && echo "kernel sections exit $(cat $D/kernels.done)" \
     || echo "kernel sections still running after ${KWAIT:-120} s: copying what they wrote so far" \
             "(copied again at the end; while both ran they shared the GPU)"
-  cp $D/kernels.log $D/kernels.json $D/kernels.md "$O"/ 2>/dev/null
+  cp $D/kernels.log $D/kernels.json $D/kernels.md $D/kernels.tuned.json "$O"/ 2>/dev/null
+fi
+# Tile configs the kernel sections measured (gemv_tiles' fastest decode GEMV tiles, or
+# --autotune's): the model sections launch them (tuning.load_measured).
+if [ -f $D/kernels.done ] && [ -f $D/kernels.tuned.json ]; then
+  export MINILLM_TUNED=$D/kernels.tuned.json
+  echo "the model sections use the tile configs the kernel sections measured: $MINILLM_TUNED"
 fi
 S=${MODEL_SECTIONS-greedy_match,decode,serving,pytest}
 if [ -n "$S" ]; then
@@ -139,7 +150,8 @@ if [ -n "$S" ]; then
 fi
 # The kernels' latest report, whether they finished before the model sections or during
 # them (the copy above may be a snapshot taken while they still ran).
-[ -f $D/kernels.started ] && cp $D/kernels.log $D/kernels.json $D/kernels.md "$O"/ 2>/dev/null
+[ -f $D/kernels.started ] && cp $D/kernels.log $D/kernels.json $D/kernels.md $D/kernels.tuned.json \
+  "$O"/ 2>/dev/null
 grep -h "^== \|^    \[\|^wrote\|^interrupted" "$O"/kernels.log "$O"/model.log 2>/dev/null \
   | cut -c1-300 | tail -c 9000
 P2

@@ -3,6 +3,7 @@
     python benchmarks/pin_configs.py --check              # every bucket pinned, each compiles
     python benchmarks/pin_configs.py --merge tuned.json   # a GPU run's measurements, then --fill
     python benchmarks/pin_configs.py --fill               # pin every bucket nothing measured
+    python benchmarks/pin_configs.py --fill --kernel decode_gemv   # ... of one kernel
 
 No GPU is needed: configs are compiled ahead of time for each architecture with Triton's
 bundled ptxas (as ``triton_compile_sweep.py`` does), and a config fits when the shared
@@ -66,7 +67,7 @@ def shared_bytes(t: tuning.Tunable, bucket: dict, cfg, arch: int, extra: dict | 
     dt = dtype or DTYPES[bucket.get("dt", 16)]
     key = (t.name, arch, tuple(sorted(consts.items())), dt, cfg.num_warps, cfg.num_stages)
     if key not in _compiled:
-        types = {n: v.format(dt=dt) for n, v in t.signature.items()}
+        types = {n: v.format(dt=dt) for n, v in t.signature_for(bucket).items()}
         sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in t.fn.arg_names}
         kernel = triton_compile(ASTSource(t.fn, sig, consts, launch_attrs(t.fn, sig)),
                                 target=GPUTarget("cuda", arch, 32),
@@ -157,13 +158,14 @@ def options(t: tuning.Tunable, bucket: dict, measured: list[tuple[dict, dict]]) 
     return out
 
 
-def fill(tables: dict, arch: int) -> int:
+def fill(tables: dict, arch: int, names: list[str] | None = None) -> int:
     """Pin every bucket of ``arch`` that has no measured entry (the first option that fits,
     see `options`); returns how many. Compiles in rounds, every core at once: round r
-    compiles the r-th option of every bucket still without a fitting one."""
+    compiles the r-th option of every bucket still without a fitting one. ``names``: only
+    these kernels (None: all)."""
     kernels = tables[arch]["kernels"]
     todo = []  # [name, key, bucket, remaining options]
-    for name, t in tuning.tunables().items():
+    for name, t in _kernels(names):
         entries = kernels.setdefault(name, {})
         measured = measured_entries(tables, name, arch)
         for bucket in t.buckets():
@@ -190,11 +192,22 @@ def fill(tables: dict, arch: int) -> int:
     return count
 
 
-def check(tables: dict, arch: int) -> list[str]:
-    """Every problem with the pinned file of ``arch`` (empty: it is complete and compiles)."""
+def _kernels(names: list[str] | None) -> list[tuple[str, tuning.Tunable]]:
+    """The registered kernels, or those named (a name that is none of them stops the run)."""
+    every = tuning.tunables()
+    unknown = sorted(set(names or ()) - set(every))
+    if unknown:
+        raise SystemExit(f"no kernel named {', '.join(unknown)}: the kernels are "
+                         f"{', '.join(sorted(every))}")
+    return [(n, t) for n, t in sorted(every.items()) if names is None or n in names]
+
+
+def check(tables: dict, arch: int, names: list[str] | None = None) -> list[str]:
+    """Every problem with the pinned file of ``arch`` (empty: it is complete and compiles);
+    ``names``: only these kernels (None: all)."""
     problems, jobs, where = [], [], []
     kernels = tables[arch]["kernels"]
-    for name, t in tuning.tunables().items():
+    for name, t in _kernels(names):
         allowed = {json.dumps(tuning.config_to_dict(c), sort_keys=True)
                    for c in (*t.configs, t.default)}
         for bucket in t.buckets():
@@ -235,6 +248,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fill", action="store_true")
     ap.add_argument("--merge", type=Path, help="a `tuned` JSON written by gpu_check --autotune")
     ap.add_argument("--arch", type=int, action="append", help="default: every pinned arch")
+    ap.add_argument("--kernel", action="append",
+                    help="fill or check only this kernel (repeatable; default: every kernel)")
     args = ap.parse_args(argv)
     archs = args.arch or list(tuning.PINNED_ARCHS)
     tables = {a: load(a) for a in tuning.PINNED_ARCHS}
@@ -244,15 +259,15 @@ def main(argv=None) -> int:
         args.fill = True
     if args.fill:
         for arch in archs:
-            n = fill(tables, arch)
+            n = fill(tables, arch, args.kernel)
             tuning.write_table(tuning.config_path(arch), tables[arch])
             print(f"sm_{arch}: pinned {n} bucket(s) nothing measured")
         tuning.pinned_table.cache_clear()
     if args.check or not (args.fill or args.merge):
-        problems = [p for arch in archs for p in check(tables, arch)]
+        problems = [p for arch in archs for p in check(tables, arch, args.kernel)]
         for p in problems:
             print(p)
-        total = sum(len(t.buckets()) for t in tuning.tunables().values())
+        total = sum(len(t.buckets()) for _, t in _kernels(args.kernel))
         print(f"checked {total} buckets x {len(archs)} architecture(s), {len(_compiled)} "
               f"distinct compilations: {len(problems)} problem(s)")
         return 1 if problems else 0

@@ -137,7 +137,8 @@ class Attention(nn.Module):
         else:
             q, k, v = self.rotate(qkv, cos, sin, kv_write)
         out = ctx.attend(layer_idx, q, k, v, kv_stored=kv_write is not None)  # [B, T, Hq, D]
-        return self.o_proj(out.reshape(qkv.shape[0], qkv.shape[1], self.config.q_size))
+        out = out.reshape(qkv.shape[0], qkv.shape[1], self.config.q_size)
+        return fused.linear(out, self.o_proj)  # the decode GEMV where it applies
 
 
 class MLP(nn.Module):

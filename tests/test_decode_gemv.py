@@ -24,10 +24,11 @@ import torch
 from compile_utils import assert_compiles
 
 import minillm.kernels  # noqa: F401  (chooses the interpreter before triton is imported)
+import triton
 from minillm import LlamaModel, ModelConfig, decode_graph
 from minillm.engine import LLMEngine, SamplingParams
 from minillm.kernels import decode_gemv as dg
-from minillm.kernels import glue
+from minillm.kernels import glue, tuning
 from minillm.layers import fused
 from minillm.model import rope_cos_sin
 from minillm.quant import quantize_model
@@ -254,6 +255,64 @@ def test_other_tiles_compute_the_same_products(gen, kind):
     assert dg.launch_tiles(n, k, w, dtype) != (16, 4, 24)  # the override ends with the block
 
 
+# SmolLM2's products, (name, N, K, prologue), and the tiles each ran with on the H100 of
+# 2026-11-27 (1,535 tok/s in bf16): (BLOCK_N, warps, UNROLL) for a bf16 / fp32 weight, 4-bit
+# g64, 4-bit g32.
+SMOLLM2_TILES = {
+    ("qkv", 960, 576, "norm"): ((4, 8, 1), (4, 8, 1), (4, 1, 9), (4, 1, 8)),
+    ("o_proj", 576, 576, "none"): ((4, 8, 1), (4, 8, 1), (4, 1, 9), (4, 1, 8)),
+    ("gate_up", 3072, 576, "norm"): ((8, 8, 1), (4, 8, 1), (4, 1, 9), (4, 1, 8)),
+    ("down", 576, 1536, "silu"): ((4, 8, 1), (4, 8, 1), (4, 1, 8), (4, 1, 8)),
+}
+
+
+def test_the_rule_gives_smollm2_the_tiles_it_ran_with_and_the_pins_follow_the_rule(monkeypatch):
+    """Until a GPU measures them (gpu_check's gemv_tiles), a class's pinned tiles are the
+    rule's (`_analytic`), and for SmolLM2's products the rule gives the tiles of the H100
+    run; every pinned entry of sm_80 and sm_90 that is not measured is the rule's."""
+    monkeypatch.setattr(tuning, "_measured", {})  # the files alone (not MINILLM_TUNED's)
+    monkeypatch.setattr(tuning, "_fell_back", {})
+    kinds = ((torch.empty(0), torch.bfloat16), (torch.empty(0), torch.float32),
+             (dg.Int4Weight(None, None, None, 64), torch.bfloat16),
+             (dg.Int4Weight(None, None, None, 32), torch.bfloat16))
+    for (name, n, k, prologue), want in SMOLLM2_TILES.items():
+        for (w, dtype), tiles in zip(kinds, want):
+            int4 = isinstance(w, dg.Int4Weight)
+            bucket = dg.bucket_for(n, k, int4, w.group_size if int4 else dg._dense_block_k(k),
+                                   dg.PROLOGUES[prologue], dtype)
+            rule = dg._launch_tiles(n, k, int4, bucket, dg._analytic(bucket))
+            assert rule == tiles, (name, w, dtype)
+            for arch in (80, 90):  # what a launch gets, where nothing measured it
+                entry = tuning.pinned_table(arch)["decode_gemv"][tuning.bucket_key(bucket)]
+                if not entry["source"].startswith("measured"):
+                    assert dg.launch_tiles(n, k, w, dtype, prologue, arch) == tiles
+    for arch in (80, 90):
+        table = tuning.pinned_table(arch)["decode_gemv"]
+        assert len(table) == len(dg.DECODE_GEMV.buckets())
+        for key, entry in table.items():
+            if not entry["source"].startswith("measured"):
+                rule = dg._analytic(tuning.parse_bucket_key(key))
+                assert tuning.config_from_dict(entry).__dict__ == rule.__dict__, key
+
+
+def test_tiles_measured_in_the_process_are_what_a_launch_gets(monkeypatch):
+    """`tuning.record_measured` (gpu_check's gemv_tiles keeps each product's fastest) changes
+    what that class launches on that architecture, and only there."""
+    monkeypatch.setattr(tuning, "_measured", {})
+    monkeypatch.setattr(tuning, "_ready", {})
+    monkeypatch.setattr(tuning, "_resolved", {})
+    w = dg.Int4Weight(None, None, None, 64)
+    bucket = dg.bucket_for(576, 1536, True, 64, dg.PROLOGUES["silu"], torch.bfloat16)
+    cfg = triton.Config({"BLOCK_N": 2, "UNROLL": 24}, num_warps=2, num_stages=1)
+    tuning.record_measured("decode_gemv", 90, bucket, cfg, 4.2)
+    assert dg.launch_tiles(576, 1536, w, torch.bfloat16, "silu", 90) == (2, 2, 24)
+    assert dg.launch_tiles(576, 1536, w, torch.bfloat16, "silu", 80) == (4, 1, 8)
+    assert dg.launch_tiles(576, 1536, w, torch.float16, "silu", 90) == (2, 2, 24)  # same class
+    assert dg.launch_tiles(576, 1536, w, torch.bfloat16, "norm", 90) == (4, 1, 8)  # not
+    with dg.tiles(unroll=4):  # a candidate's override still wins
+        assert dg.launch_tiles(576, 1536, w, torch.bfloat16, "silu", 90) == (2, 2, 4)
+
+
 def test_tiles_reject_what_the_kernel_cannot_run():
     for bad, words in (({"block_n": 3}, "power of two >= 2"), ({"block_n": 1}, "power of two"),
                        ({"warps": 3}, "warps must be 1, 2, 4 or 8"),
@@ -299,7 +358,7 @@ def count_gemv_calls(monkeypatch):
     """The decode GEMV's calls by name: "norm_linear+rope" (with RoPE in q|k|v's epilogue)
     and "+kv" where it stores K/V too; the K/V stores of `glue.rope_kv` as "rope_kv+kv"."""
     calls = []
-    for name in ("norm_linear", "silu_mul_linear"):
+    for name in ("norm_linear", "silu_mul_linear", "linear"):
         real = getattr(dg, name)
 
         def counted(*args, _real=real, _name=name, **kwargs):
@@ -321,8 +380,8 @@ def count_gemv_calls(monkeypatch):
 def test_a_decode_step_through_the_gemv_gives_the_unfused_logits(triton_glue, monkeypatch,
                                                                  quantized):
     """A tiny model (float, then w4 g32) decodes through DecodeGraph's static step: with the
-    GEMV three of its four products per layer go through it, and the logits equal the
-    unfused glue's."""
+    GEMV all four products of each layer go through it (o_proj, with no glue before it,
+    too), and the logits equal the unfused glue's."""
     model = LlamaModel(ModelConfig.tiny()).init_random_weights(seed=3).eval()
     if quantized:
         model = quantize_model(model, bits=4, group_size=32, method="rtn")
@@ -344,7 +403,7 @@ def test_a_decode_step_through_the_gemv_gives_the_unfused_logits(triton_glue, mo
         if on and not CUDA:
             num_layers = model.config.num_layers
             assert calls.count("norm_linear+rope+kv") == calls.count("norm_linear") == num_layers
-            assert calls.count("silu_mul_linear") == num_layers
+            assert calls.count("silu_mul_linear") == calls.count("linear") == num_layers
         elif not CUDA:
             assert set(calls) == {"rope_kv+kv"}, "with FUSED_GEMV off the GEMV must not run"
     # On CUDA the GEMV's rsqrt and sum order and cuBLAS's differ, and two random layers (std
@@ -530,7 +589,18 @@ def test_a_hooked_linear_is_not_bypassed(triton_glue, monkeypatch):
         for h in handles:
             h.remove()
     assert calls.count("norm_linear+rope+kv") == num_layers  # labels only: every layer fused
+    assert calls.count("linear") == num_layers  # o_proj's too
     assert not any("forward" in vars(m) for m in model.modules())
+
+    # o_proj with a hook runs its own forward; the other layers' o_proj stay in the GEMV
+    o_proj = model.layers[1].attn.o_proj
+    hook = o_proj.register_forward_hook(lambda m, a, out: seen.append(3))
+    seen.clear()
+    calls.clear()
+    with torch.inference_mode():
+        g.decode(14, 6)
+    hook.remove()
+    assert seen == [3] and calls.count("linear") == num_layers - 1
 
 
 def test_prefill_rows_a_subclass_and_training_take_the_unfused_path(triton_glue, monkeypatch):
@@ -560,7 +630,7 @@ def test_prefill_rows_a_subclass_and_training_take_the_unfused_path(triton_glue,
 
 def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
     """Every variant (prologue x weight kind, and q|k|v's with RoPE and the K/V store in its
-    epilogue) builds for H100 (sm_90) in bf16 and fp32, with the tiles `_tiles` picks for
+    epilogue) builds for H100 (sm_90) in bf16 and fp32, with the tiles pinned on sm_90 for
     SmolLM2: no TF32 (every product is an FMA: no tl.dot), no register spills (cuobjdump's
     resource usage of the sm_90 cubin), 16-byte loads, and no barrier in a block that loads
     (a layout conversion through shared memory in the loop; the epilogue's split of the
@@ -592,7 +662,10 @@ def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
                 for int4, zeros, group in ((False, False, 0), (True, True, 64),
                                            (True, False, 32)):
                     block_k = group if int4 else dg._dense_block_k(k_in)
-                    block_n, warps = dg._tiles(n, block_k, int4, 4 if dt == "*fp32" else 2)
+                    dtype = torch.float32 if dt == "*fp32" else torch.bfloat16
+                    bucket = dg.bucket_for(n, k_in, int4, block_k, prologue, dtype)
+                    block_n, warps, unroll = dg._launch_tiles(
+                        n, k_in, int4, bucket, dg.DECODE_GEMV.pinned(bucket, 90))
                     w, s = ("*i32", "*fp32") if int4 else (dt, dt)
                     store, table = rope or (False, "*fp32")
                     table = dt if table == "dt" else table
@@ -601,7 +674,7 @@ def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
                                  Slots="*i64")
                     consts = dict(PROLOGUE=prologue, HAS_DELTA=delta, INT4=int4,
                                   HAS_ZEROS=zeros, BLOCK_N=block_n, BLOCK_K=block_k,
-                                  UNROLL=dg._int4_unroll(k_in, block_k) if int4 else 1,
+                                  UNROLL=unroll,
                                   NORM_BLOCK=dg._dense_block_k(k_in), ROPE=rope is not None,
                                   WRITE_KV=store, ROUND_PRODUCT=table != "*fp32")
                     consts["stride_wk"] = 1  # what a launch specializes a unit stride to

@@ -39,7 +39,7 @@ def test_fp32_dots_compile_without_tf32_and_bf16_dots_use_tensor_cores():
                 constexpr = {p.name for p in t.fn.params if p.is_constexpr}
                 consts = {**t.constexprs(b),
                           **{k: v for k, v in cfg.kwargs.items() if k in constexpr}}
-                types = {n: v.format(dt=dt) for n, v in t.signature.items()}
+                types = {n: v.format(dt=dt) for n, v in t.signature_for(b).items()}
                 sig = {n: "constexpr" if n in consts else types.get(n, "i32")
                        for n in t.fn.arg_names}
                 ptx = triton.compile(ASTSource(t.fn, sig, consts),

@@ -193,7 +193,10 @@ def test_to_markdown_has_the_environment_every_section_and_labels_a_dry_run():
                  "**Good** (ok", "**Raises** (failed", "Error: `RuntimeError: kernel failed",
                  "| x | ok |", "- a note"):
         assert text in md, text
-    assert "NOT GPU numbers" not in md and "incomplete" not in md
+    assert "NOT GPU numbers" not in md and "incomplete" not in md and "MINILLM_TUNED" not in md
+    tuned = copy.deepcopy(report)  # a process that launched an earlier one's measurements
+    tuned["environment"].update(tuned="/tmp/minillm-gpu/kernels.tuned.json", tuned_configs=8)
+    assert "(MINILLM_TUNED: 8 from /tmp/minillm-gpu/kernels.tuned.json)" in to_markdown(tuned)
     timed_out = copy.deepcopy(report)
     timed_out["sections"][1].update(status="timeout", error=None)
     timed_out["ok"] = False  # bad_row still failed
@@ -875,6 +878,7 @@ def test_the_gemv_tiles_section_runs_only_when_asked_and_marks_the_shapes_own(tm
     minutes); on a GPU every candidate list holds the shape's own tiles once, w4 first."""
     import gpu_check_kernels
     from minillm.kernels import decode_gemv as dg
+    from minillm.kernels import tuning
 
     out = tmp_path / "tiles.json"
     res = _script("--cpu-dry-run", "--sections", "gemv_tiles", "--out", str(out))
@@ -888,17 +892,44 @@ def test_the_gemv_tiles_section_runs_only_when_asked_and_marks_the_shapes_own(tm
     assert all(r["ok"] and r["BLOCK_N"] == 2 and "default" in r for r in tiles["rows"])
     assert any(n.startswith("down w4: fastest BLOCK_N=2") for n in tiles["notes"])
     assert "gemv_tiles" not in {s.name for s in gpu_check_kernels.SECTIONS}
-    # What a GPU launch would get (the interpreter's tiles are its own): patched here.
-    own = dg.interpreter_enabled
-    dg.interpreter_enabled = lambda: False
-    try:
-        for weight in ("w4", "dense"):
-            for name, n, k, _ in gpu_check_kernels.GEMV_PRODUCTS:
-                cands = gpu_check_kernels.gemv_tile_candidates(weight, k)
-                hits = [c for c in cands if gpu_check_kernels.tiles_are_default(
-                    dg, n, k, weight, c, torch.bfloat16)]
-                assert len(hits) == 1, (name, weight, dg.launch_tiles(
-                    n, k, dg.Int4Weight(None, None, None, 64) if weight == "w4"
-                    else torch.empty(0), torch.bfloat16))
-    finally:
-        dg.interpreter_enabled = own
+    # What a launch on an H100 would get (the interpreter's tiles are its own); every
+    # candidate is one the pinned files accept (pin_configs.py --merge then checks it)
+    allowed = {repr(tuning.config_to_dict(c)) for c in dg.DECODE_GEMV.configs}
+    for weight in ("w4", "dense"):
+        for name, n, k, prologue in gpu_check_kernels.GEMV_PRODUCTS:
+            cands = gpu_check_kernels.gemv_tile_candidates(weight, k)
+            hits = [c for c in cands if gpu_check_kernels.tiles_are_default(
+                dg, n, k, prologue, weight, c, torch.bfloat16, arch=90)]
+            assert len(hits) == 1, (name, weight)
+            assert all(repr(tuning.config_to_dict(dg._config(
+                c["block_n"], c["warps"], c.get("unroll", 1)))) in allowed for c in cands)
+
+
+def test_gemv_tiles_runs_before_the_model_sections_so_decode_launches_what_it_kept():
+    names = [s.name for s in gpu_check.all_sections(Section("labs", "Labs", None, {}))]
+    assert names.index("decode_gemv") < names.index("gemv_tiles") < names.index("greedy_match")
+    assert names.index("gemv_tiles") < names.index("decode") and names[-1] == "labs"
+
+
+def test_the_fastest_correct_tiles_of_each_product_are_kept_for_its_class():
+    """gemv_tiles keeps, per product and weight, the fastest row that computed the right
+    result, as a config of the decode GEMV's class (what tuning.record_measured gets)."""
+    import gpu_check_kernels
+    from minillm.kernels import decode_gemv as dg
+
+    def row(product, weight, n, k, bn, warps, unroll, us, ok=True, default=False):
+        return dict(product=product, weight=weight, N=n, K=k, BLOCK_N=bn, warps=warps,
+                    UNROLL=unroll, us=us, ok=ok, default=default)
+
+    rows = [row("down", "w4", 576, 1536, 4, 1, 8, 8.6, default=True),
+            row("down", "w4", 576, 1536, 2, 1, 24, 3.9, ok=False),  # wrong: never kept
+            row("down", "w4", 576, 1536, 8, 2, 24, 4.4),
+            {"product": "down", "weight": "w4", "error": "does not fit"},
+            row("o_proj", "dense", 576, 576, 8, 4, 1, 2.5)]
+    (b1, c1, best1, own1), (b2, c2, best2, own2) = \
+        gpu_check_kernels.fastest_tiles(rows, torch.bfloat16)
+    assert b1 == dict(w=64, p=dg.PROLOGUES["silu"], N=0, K=1, dt=16) and best1["us"] == 4.4
+    assert (c1.kwargs, c1.num_warps, c1.num_stages) == ({"BLOCK_N": 8, "UNROLL": 24}, 2, 1)
+    assert own1["us"] == 8.6
+    assert b2 == dict(w=0, p=dg.PROLOGUES["none"], N=0, K=0, dt=16) and own2 is None
+    assert (c2.kwargs, c2.num_warps) == ({"BLOCK_N": 8, "UNROLL": 1}, 4)

@@ -117,6 +117,35 @@ def test_autotuning_times_every_candidate_keeps_the_fastest_and_saves_it(
     assert entry["source"] == "measured: a test GPU, 2026-11-26" and entry["BLOCK_N"] == 32
 
 
+def test_a_kernel_timed_by_its_own_benchmark_is_never_searched_but_keeps_its_measurement(
+        compiled_branch, monkeypatch, tmp_path):
+    """``searchable=False`` (the decode GEMV, timed from CUDA graphs by gpu_check's
+    gemv_tiles): MINILLM_AUTOTUNE times nothing; what `record_measured` keeps is launched
+    from then on, reported by `measured` and saved like a search's."""
+    from dataclasses import replace
+
+    toy, fast, slow, _ = _toy("toy_own_bench")
+    toy = replace(toy, searchable=False)
+    monkeypatch.setitem(tuning._registry, toy.name, toy)  # pinned nowhere: the default
+    monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **k: pytest.fail("timed"))
+    tuning.set_autotune(True)
+    launched = []
+    toy.run({"D": 64, "dt": 16}, launched.append)
+    assert launched == [toy.default]
+    tuning.record_measured(toy.name, 90, {"D": 64, "dt": 16}, fast, 3.25)
+    toy.run({"D": 64, "dt": 16}, launched.append)
+    assert launched[-1] is fast  # the bucket resolved before is resolved again
+    assert toy.config_on({"D": 64, "dt": 16}, 90) is fast
+    assert toy.config_on({"D": 64, "dt": 16}, 80) == toy.default  # another architecture
+    [row] = [r for r in tuning.measured() if r["kernel"] == toy.name]
+    assert row["bucket"] == "D=64,dt=16" and row["us"] == 3.25 and row["BLOCK_N"] == 32
+    path = tmp_path / "sm_90.json"
+    tuning.save_measured("a test GPU", path)
+    assert json.loads(path.read_text())["kernels"][toy.name]["D=64,dt=16"]["BLOCK_N"] == 32
+    with pytest.raises(ValueError, match="outside the kernel's bucket space"):
+        tuning.record_measured(toy.name, 90, {"D": 96, "dt": 16}, fast, 1.0)
+
+
 def test_a_bucket_is_resolved_once_until_something_changes_the_answer(compiled_branch,
                                                                         monkeypatch):
     """The second call of a bucket launches what the first resolved, without resolving it

@@ -12,7 +12,7 @@ writes are two more). These kernels do each group in one launch, so a decode lay
 nine kernels (the first add_rms_norm adds the previous layer's MLP output to the residual
 stream: `DecoderLayer.forward_open`). For a few rows (a decode step) the two norms and
 silu_mul go further, into the products that read them, and rope_kv into q|k|v's product,
-after it (`decode_gemv.py`): five kernels. RoPE's arithmetic and its K/V store are @jit
+after it (`decode_gemv.py`, which takes o_proj too): five kernels. RoPE's arithmetic and its K/V store are @jit
 helpers here (`rope_pair`, `store_kv`), used by both kernels: one definition of the rounding.
 The kernels:
 

@@ -187,10 +187,14 @@ class Tunable:
 
     ``signature`` and ``constexprs`` serve ahead-of-time compilation (the pinned files'
     checks): the Triton types of the arguments that are not int32 scalars, with ``{dt}`` for
-    the activation dtype, and the constexpr arguments a bucket implies besides the config's.
+    the activation dtype (a dict, or a function of the bucket where the types depend on it:
+    `signature_for`), and the constexpr arguments a bucket implies besides the config's.
     ``analytic`` (optional): a candidate chosen for a bucket by reasoning about its shapes,
     which ``pin_configs.py --fill`` pins where nothing measured is near (before the default).
-    ``unit_strides``: see the field.
+    ``unit_strides``: see the field. ``searchable=False``: ``MINILLM_AUTOTUNE`` never
+    searches this kernel; its candidates are timed by a benchmark of its own, which hands
+    the fastest to `record_measured` (the decode GEMV's, from CUDA graphs over weights
+    larger than L2: do_bench's loop re-reads a small weight from L2).
     """
 
     name: str
@@ -199,13 +203,18 @@ class Tunable:
     default: triton.Config
     interpreter: triton.Config
     bucket_space: dict
-    signature: dict
+    signature: dict | Callable[[dict], dict]
     constexprs: Callable[[dict], dict]
     analytic: Callable[[dict], triton.Config] | None = None
     # The arguments every launch passes as 1, each tensor's innermost stride: Triton makes
     # an argument equal to 1 a constant, and only then vectorizes (and pipelines) the loads
     # along it. Ahead-of-time checks compile them so (benchmarks/pin_configs.py).
     unit_strides: tuple[str, ...] = ()
+    searchable: bool = True
+
+    def signature_for(self, bucket: dict) -> dict:
+        """The argument types of a launch in ``bucket`` (see ``signature``)."""
+        return self.signature(bucket) if callable(self.signature) else self.signature
 
     def buckets(self) -> list[dict]:
         """Every bucket of the space, as dicts."""
@@ -254,7 +263,13 @@ class Tunable:
         """The config a call in ``bucket`` launches with on ``device`` (no search)."""
         if interpreter_enabled():
             return self.interpreter
-        arch, key = device_arch(device), self.check_bucket(bucket)
+        return self.config_on(bucket, device_arch(device))
+
+    def config_on(self, bucket: dict, arch: int) -> triton.Config:
+        """The config a call in ``bucket`` launches with on a GPU of ``arch``: the one that
+        ran after the pinned one did not fit, else this process's measurement, else the
+        pinned one."""
+        key = self.check_bucket(bucket)
         if (self.name, arch, key) in _fell_back:
             return _fell_back[(self.name, arch, key)]
         found = _measured.get((self.name, arch, key))
@@ -280,7 +295,8 @@ class Tunable:
             launch(cfg)  # resolved before, and it ran: no search is pending
             return
         arch, key = device_arch(device), self.check_bucket(bucket)
-        unsearched = (self.name, arch, key) not in _measured and autotune_enabled(self.name)
+        unsearched = ((self.name, arch, key) not in _measured and self.searchable
+                      and autotune_enabled(self.name))
         if unsearched and not torch.cuda.is_current_stream_capturing():
             self._search(arch, key, launch)
             unsearched = False
@@ -372,12 +388,22 @@ def resolve_for_tracing(tunable: Tunable, arch: int) -> None:
 
 def tunables() -> dict[str, Tunable]:
     """Every registered kernel by name (importing ``minillm.kernels`` registers them all)."""
-    from . import flash_attention, paged_decode, w4a16  # noqa: F401  (they register)
+    from . import decode_gemv, flash_attention, paged_decode, w4a16  # noqa: F401  (they register)
 
     return dict(_registry)
 
 
 # ----------------------------------------------------------------------------- measurements
+
+
+def record_measured(name: str, arch: int, bucket: dict, cfg: triton.Config, us: float) -> None:
+    """Keep ``cfg`` as measured for kernel ``name``'s ``bucket`` on ``arch`` (``us`` per call):
+    for a kernel whose candidates a benchmark of its own times (``searchable=False``). This
+    process then launches it, and `measured` / `save_measured` report it like a search's."""
+    key = _registry[name].check_bucket(bucket)
+    _measured[(name, arch, key)] = (cfg, float(us))
+    _resolved[(name, key)] = cfg
+    _ready.clear()
 
 
 def measured() -> list[dict]:
