@@ -72,9 +72,11 @@ writes y in x's dtype and resets the counter to 0 (the "last block reduces" patt
 CUDA's threadFenceReduction sample). One launch, no memset, deterministic, and safe to run
 again and again (autotuning, CUDA graph replays): the counters are zero between launches.
 
-**Large M.** From ``DEQUANT_MIN_M`` rows (long prefills: compute-bound) the weight is
-dequantized once into a buffer of x's dtype by ``_dequantize_kernel`` and multiplied by
-``torch.matmul`` (cuBLAS). The GPU check times both at M = 256 and 1024.
+**Large M.** From ``DEQUANT_MIN_M`` rows (prefills, large batches: compute-bound) the
+weight is dequantized once into a buffer of x's dtype by ``_dequantize_kernel`` and
+multiplied by ``torch.matmul`` (cuBLAS). The GPU check times both at M = 256 and 1024: on
+the H100, every run since the dequantize kernel found it faster than the tiled GEMM at 256
+rows (4096 x 4096, bf16: 95 against 126 µs, 46 against 159, 39 against 55) and at 1024.
 
 Invariants:
 
@@ -130,7 +132,7 @@ FP32_TILED_BLOCK_K = 16   # fp32 x on a GPU, M > 1: the FMA dot holds both K-wid
                           # registers (at 64 the GEMM spills 8.6 KB a thread on sm_90; at 16
                           # no pinned fp32 tile spills: cuobjdump --dump-resource-usage)
 GEMV_MAX_M = 16           # up to here "w4a16_gemv" (M = 1) / "w4a16_small_m"; then "w4a16_gemm"
-DEQUANT_MIN_M = 1024      # from here: dequantize once, then torch.matmul (to set by measurement)
+DEQUANT_MIN_M = 256       # from here: dequantize once, then torch.matmul (measured: Large M)
 COUNTER_SLOTS = 1 << 16   # split-K tile counters per device (256 KiB)
 FP32_2P23 = 0x4B000000    # the bits of 2.0 ** 23 in fp32 (the GEMV's `magic` argument)
 SYM_ZERO = 8.0            # the zero point of every group of a symmetric 4-bit weight
