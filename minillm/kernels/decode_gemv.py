@@ -23,7 +23,7 @@ beats cuBLAS and the W4A16 kernel for it too):
 W is a float matrix [N, K] of x's dtype, or an `Int4Weight`: the packed 4-bit layout of
 `minillm.quant.packing` (uint8 [N, K / 2], fp32 scales and zeros [N, K / g]; zeros None for
 a symmetric weight, every zero 8), read as int32 words and unpacked in registers (the
-2^23 trick of `w4a16._unpack`). So a w4 model gets the same five kernels, reading a quarter
+2^23 trick of `w4a16_kernel._unpack`). So a w4 model gets the same five kernels, reading a quarter
 of the bytes.
 
 Tiles (`DECODE_GEMV`, a `tuning.Tunable`): BLOCK_N rows a program, its warps and, for a

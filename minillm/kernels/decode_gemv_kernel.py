@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .glue import add_rounded, normed_times_weight, rope_pair, rope_tables, silu_times_up, store_kv
-from .w4a16 import _unpack
+from .w4a16_kernel import _unpack
 
 
 @triton.jit
