@@ -27,13 +27,16 @@ DTYPE_BITS = {"bf16": 16, "fp16": 16}
 # A few buckets per kernel (the rest differ in sizes only): head dim 64 and 128 for
 # FlashAttention, SmolLM2's decode shapes for paged decode, and for W4A16 the GEMV (one
 # row) with a g64 / g32 layout, 16 rows, the tiled GEMM at 256 rows; the symmetric
-# (no zeros) variant of the W4A16 kernel is compiled too (its constexpr HAS_ZEROS=False).
+# (no zeros) variant of the W4A16 kernel is compiled too (its constexpr HAS_ZEROS=False);
+# the decode GEMV at a 4-bit and a 16-bit product.
 REPRESENTATIVE = {
     "flash_attention": [dict(D=64, L=1, causal=1, varlen=0), dict(D=128, L=1, causal=1, varlen=1)],
     "paged_decode": [dict(D=64, H=16, lse=0), dict(D=64, H=16, lse=1)],
     "w4a16_gemv": [dict(M=1, bk=64, N=1, K=1), dict(M=1, bk=32, N=0, K=0)],
     "w4a16_small_m": [dict(M=16, bk=64, N=1, K=1)],
     "w4a16_gemm": [dict(M=256, bk=64)],
+    # the decode GEMV: SmolLM2's down in 4 bits (g64, SiLU·up), its q|k|v in 16 bits (norm)
+    "decode_gemv": [dict(w=64, p=2, N=0, K=1), dict(w=0, p=1, N=0, K=0)],
 }
 EXTRA_CONSTEXPRS = {"w4a16_gemv": [{}, {"HAS_ZEROS": False}], "w4a16_small_m": [{}],
                     "w4a16_gemm": [{}]}

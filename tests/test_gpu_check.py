@@ -355,7 +355,9 @@ def test_compile_sweep_compiles_cuda_configurations_without_a_gpu():
                                 "configurations"),
             # 10 W4A16 candidates are 2 programs (SPLIT_K is a run-time argument)
             ("w4a16_gemv", 10, "sm_80 bf16 w4a16_gemv K=1,M=1,N=1,bk=64,dt=16 {'HAS_ZEROS': "
-                               "False}: {'ok': 2} of 2 configurations")):
+                               "False}: {'ok': 2} of 2 configurations"),
+            ("decode_gemv", 2, "sm_80 bf16 decode_gemv K=1,N=0,dt=16,p=2,w=64: {'ok': 2} of 2 "
+                               "configurations")):
         res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "triton_compile_sweep.py"),
                               "--arch", "80", "--only", only, "--most", str(most)],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
