@@ -528,6 +528,9 @@ def check_gemv_tiles(run) -> None:
             if run.dry:  # the interpreter: a small twin (K kept: the candidates' steps)
                 n = n // 8
             cands = gemv_tile_candidates(weight, k)
+            # the pinned tiles first: a quick run, or a box that cuts, still compares with them
+            cands.sort(key=lambda c, n=n, k=k, prologue=prologue, weight=weight: not (
+                not run.dry and tiles_are_default(dg, n, k, prologue, weight, c, dtype)))
             cases += [(name, n, k, prologue, weight, c) for c in
                       run.pick(cands, cands[:4] if name in ("down", "o_proj") else [], cands[:1])]
     if run.dry:
@@ -538,8 +541,8 @@ def check_gemv_tiles(run) -> None:
                  tiles=tiles: tile_case(run, dg, name, n, k, prologue, weight, dtype, tiles))
     fastest = fastest_tiles(run.rows, dtype)
     for bucket, cfg, best, own in fastest:
-        vs = f", {own['us'] / best['us']:.2f}x the pinned tiles' {own['us']:.2f} µs" \
-            if own else ""
+        vs = (f", {own['us'] / best['us']:.2f}x the pinned tiles' {own['us']:.2f} µs" if own
+              else ", not compared with the pinned tiles (not timed): not kept")
         run.notes.append(f"{best['product']} {best['weight']}: fastest BLOCK_N={best['BLOCK_N']} "
                          f"warps={best['warps']} UNROLL={best['UNROLL']}, {best['us']:.2f} µs"
                          + vs)
@@ -547,14 +550,21 @@ def check_gemv_tiles(run) -> None:
         from minillm.kernels import tuning
 
         arch = tuning.device_arch(run.device)
-        for bucket, cfg, best, _ in fastest:
+        for bucket, cfg, best, _ in kept_tiles(fastest):
             tuning.record_measured("decode_gemv", arch, bucket, cfg, best["us"])
-        run.notes.append("each product's fastest tiles are kept for its shape class: the "
-                         "sections after this one launch them, and <out>.tuned.json has them "
-                         "for benchmarks/pin_configs.py --merge")
+        run.notes.append("each product's fastest tiles, where the pinned ones were timed too, "
+                         "are kept for its shape class: the sections after this one launch "
+                         "them, and <out>.tuned.json has them for benchmarks/pin_configs.py "
+                         "--merge")
     run.notes.append("decode GEMV tiles (decode_gemv.tiles) at M = 1, each timed from a CUDA "
                      "graph over weight copies larger than L2, as the decode_gemv section "
                      "times the pinned ones; default: the tiles pinned for the shape")
+
+
+def kept_tiles(fastest: list[tuple]) -> list[tuple]:
+    """The `fastest_tiles` entries to keep: those timed against the pinned tiles (a product
+    whose pinned row a quick run or the box left out has no winner worth pinning)."""
+    return [f for f in fastest if f[3] is not None]
 
 
 # What each product's prologue is called by `decode_gemv.launch_tiles`.

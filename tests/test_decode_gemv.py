@@ -219,13 +219,27 @@ def test_the_rope_epilogue_gives_the_bits_of_rope_kv_after_the_product(gen, dtyp
             assert torch.equal(kv[1][untouched], caches[1][untouched]), what
 
 
+@pytest.fixture(params=["interpreter", "sm_90"])
+def tiles_of(request, monkeypatch):
+    """Which tiles a launch takes: the interpreter's own, or (still run in the interpreter)
+    those a launch on an H100 resolves, pinned or measured (`DECODE_GEMV.run`)."""
+    if request.param == "sm_90":
+        monkeypatch.setattr(dg, "interpreter_enabled", lambda: False)
+        monkeypatch.setattr(tuning, "interpreter_enabled", lambda: False)
+        monkeypatch.setattr(tuning, "device_arch", lambda device=None: 90)
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+        monkeypatch.setattr(tuning, "_ready", {})
+    return request.param
+
+
 @pytest.mark.parametrize("kind", ["dense", "int4 g64 asym"])
-def test_other_tiles_compute_the_same_products(gen, kind):
+def test_other_tiles_compute_the_same_products(gen, kind, tiles_of):
     # `dg.tiles` (the gemv_tiles section of the GPU check times candidates with it) changes
     # which program computes which rows and how many chunks a step loads, not the result:
     # every candidate against the unfused oracle, the RoPE epilogue and SiLU·up included
     # (small shapes: the interpreter runs one program at a time, and BLOCK_N 2 makes many;
     # K 384 is 6 chunks of 64, so an unroll of 4 leaves a partial step, 24 a mostly empty one).
+    # With sm_90's tiles a tile's unroll is its class's (9 at K 128: a mostly empty step).
     dtype = DTYPES[0]
     k, num_q, num_kv, dim = 128, 3, 1, 16
     n = (num_q + 2 * num_kv) * dim
@@ -239,13 +253,14 @@ def test_other_tiles_compute_the_same_products(gen, kind):
     for tiles in ({"block_n": 2, "warps": 1, "unroll": 4}, {"block_n": 8, "warps": 2},
                   {"block_n": 16, "warps": 4, "unroll": 24}):
         what = f"{kind} {tiles}"
+        own = dg.launch_tiles(n, k, w, dtype)  # what a launch gets here (GPU: the pinned)
         with dg.tiles(**tiles):
             got = dg.launch_tiles(n, k, w, dtype)
             s, y = dg.norm_linear(x, delta, nw, 1e-5, w)
             _, y_rope = dg.norm_linear(x, delta, nw, 1e-5, w, rope)
             y_down = dg.silu_mul_linear(gate_up, w_down)
         assert got[:2] == (tiles["block_n"], tiles["warps"])
-        assert got[2] == (tiles.get("unroll", dg._int4_unroll(k, 64)) if kind != "dense" else 1)
+        assert got[2] == (tiles.get("unroll", own[2]) if kind != "dense" else 1)
         assert torch.equal(s, x + delta), what
         check(y, fused.rms_norm_ref(x + delta, nw, 1e-5), exact, dtype, what)
         want_rope = y.clone()  # the same tiles' product, then rope_kv: the epilogue's bits
@@ -269,7 +284,8 @@ SMOLLM2_TILES = {
 def test_the_rule_gives_smollm2_the_tiles_it_ran_with_and_the_pins_follow_the_rule(monkeypatch):
     """Until a GPU measures them (gpu_check's gemv_tiles), a class's pinned tiles are the
     rule's (`_analytic`), and for SmolLM2's products the rule gives the tiles of the H100
-    run; every pinned entry of sm_80 and sm_90 that is not measured is the rule's."""
+    run; every pinned entry of sm_80 and sm_90 that is not measured is the rule's, and a
+    GPU older than every pinned file (sm_75) gets the rule too."""
     monkeypatch.setattr(tuning, "_measured", {})  # the files alone (not MINILLM_TUNED's)
     monkeypatch.setattr(tuning, "_fell_back", {})
     kinds = ((torch.empty(0), torch.bfloat16), (torch.empty(0), torch.float32),
@@ -282,6 +298,7 @@ def test_the_rule_gives_smollm2_the_tiles_it_ran_with_and_the_pins_follow_the_ru
                                    dg.PROLOGUES[prologue], dtype)
             rule = dg._launch_tiles(n, k, int4, bucket, dg._analytic(bucket))
             assert rule == tiles, (name, w, dtype)
+            assert dg.launch_tiles(n, k, w, dtype, prologue, 75) == tiles  # no file: the rule
             for arch in (80, 90):  # what a launch gets, where nothing measured it
                 entry = tuning.pinned_table(arch)["decode_gemv"][tuning.bucket_key(bucket)]
                 if not entry["source"].startswith("measured"):

@@ -915,7 +915,8 @@ def test_gemv_tiles_runs_before_the_model_sections_so_decode_launches_what_it_ke
 
 def test_the_fastest_correct_tiles_of_each_product_are_kept_for_its_class():
     """gemv_tiles keeps, per product and weight, the fastest row that computed the right
-    result, as a config of the decode GEMV's class (what tuning.record_measured gets)."""
+    result, as a config of the decode GEMV's class, and keeps it (tuning.record_measured)
+    only where the pinned tiles were timed too."""
     import gpu_check_kernels
     from minillm.kernels import decode_gemv as dg
 
@@ -935,3 +936,6 @@ def test_the_fastest_correct_tiles_of_each_product_are_kept_for_its_class():
     assert own1["us"] == 8.6
     assert b2 == dict(w=0, p=dg.PROLOGUES["none"], N=0, K=0, dt=16) and own2 is None
     assert (c2.kwargs, c2.num_warps) == ({"BLOCK_N": 8, "UNROLL": 1}, 4)
+    # only a product timed against its pinned tiles is kept (o_proj's pinned row is missing)
+    assert [b for b, *_ in gpu_check_kernels.kept_tiles(
+        gpu_check_kernels.fastest_tiles(rows, torch.bfloat16))] == [b1]

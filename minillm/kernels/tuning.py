@@ -28,7 +28,8 @@ Invariants:
 * A launch function may be called several times (autotuning calls it once per candidate):
   it must rewrite its whole output each time (a kernel that accumulates zeroes first).
 * An architecture without a file of its own uses the newest older file of the same major
-  (sm_86 and sm_89 use sm_80), or the newest file for a newer major; a pinned config the
+  (sm_86 and sm_89 use sm_80), or the newest file for a newer major (an older GPU, none:
+  each kernel's rule, ``analytic``, or its default); a pinned config the
   device cannot run (Triton's ``OutOfResources``: less shared memory) falls back to the
   kernel's default, or the smallest candidate that fits, with one warning.
 """
@@ -249,7 +250,8 @@ class Tunable:
         return key
 
     def pinned(self, bucket: dict, arch: int) -> triton.Config:
-        """The config pinned for ``bucket`` on ``arch``, or the default where none is."""
+        """The config pinned for ``bucket`` on ``arch``; where none is (a GPU older than
+        every file), the kernel's rule for the bucket (``analytic``), else its default."""
         source = file_arch(arch)
         entry = pinned_table(source).get(self.name, {}).get(bucket_key(bucket)) \
             if source is not None else None
@@ -257,7 +259,9 @@ class Tunable:
             raise ValueError(f"{self.name}: this shape class ({bucket_key(bucket)}) does not fit "
                              f"a sm_{arch} GPU: {entry['unsupported']}; use a smaller head "
                              f"dim or group, or 16-bit inputs")
-        return config_from_dict(entry) if entry else self.default
+        if entry:
+            return config_from_dict(entry)
+        return self.analytic(bucket) if self.analytic is not None else self.default
 
     def config_for(self, bucket: dict, device=None) -> triton.Config:
         """The config a call in ``bucket`` launches with on ``device`` (no search)."""
