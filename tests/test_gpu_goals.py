@@ -127,6 +127,17 @@ def test_the_best_candidate_judges_the_goal_and_is_named():
     assert decode["met"] is True
     assert decode["measured"].startswith("1.10× bf16 (") and "GEMV glue off, best of 2" in \
         decode["measured"]
+    assert decode["measured"].endswith("; pinned tiles)")
+    # ... and which tiles the decode section's process launched
+    rep = report(section("gemv_tiles", []), section("decode", [
+        {"engine": "minillm w4 g64 asym (RTN, head bf16) CUDA graph", "vs_bf16": 1.05}]))
+    assert goal(goals([rep]), 27, "SmolLM2 w4")["measured"].endswith(
+        "; decode GEMV tiles measured earlier in the run)")
+    rep = report(section("decode", [
+        {"engine": "minillm w4 g64 asym (RTN, head bf16) CUDA graph", "vs_bf16": 1.05}]))
+    rep["environment"].update(tuned="/tmp/minillm-gpu/kernels.tuned.json", tuned_configs=8)
+    assert goal(goals([rep]), 27, "SmolLM2 w4")["measured"].endswith(
+        "; tiles measured earlier in the run)")
 
 
 def test_issue_25_counts_the_check_and_leaves_the_labs_to_issue_28():
