@@ -316,7 +316,7 @@ def w4a16_case(run, n, k, m, dtype, group_size=64, sym=False) -> dict:
     ms_dense = bench_graph(run, [lambda w=w: F.linear(x, w) for w in denses])
     del denses
     gbs, frac = kv_gbps(run, nbytes, ms)
-    found = w4a16_bucket(x, qweight, group_size)
+    found = w4a16_bucket(x, qweight, group_size, **gemm_path)
     row = {"dtype": str(dtype)[6:], "N": n, "K": k, "M": m,
            "layout": f"g{group_size} {'sym' if sym else 'asym'}", "rel_err": err,
            "us": 1e3 * ms, "weight_GBps": gbs, "of_bandwidth": frac, "dense_us": 1e3 * ms_dense,
@@ -552,6 +552,7 @@ def check_gemv_tiles(run) -> None:
         arch = tuning.device_arch(run.device)
         for bucket, cfg, best, _ in kept_tiles(fastest):
             tuning.record_measured("decode_gemv", arch, bucket, cfg, best["us"])
+            best["kept"] = True  # in the report: what the sections after this one launch
         run.notes.append("each product's fastest tiles, where the pinned ones were timed too, "
                          "are kept for its shape class: the sections after this one launch "
                          "them, and <out>.tuned.json has them for benchmarks/pin_configs.py "

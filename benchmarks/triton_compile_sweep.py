@@ -42,6 +42,17 @@ EXTRA_CONSTEXPRS = {"w4a16_gemv": [{}, {"HAS_ZEROS": False}], "w4a16_small_m": [
                     "w4a16_gemm": [{}]}
 
 
+def candidates(name: str, t, bucket: dict) -> list:
+    """The configs a launch in ``bucket`` may run: the decode GEMV's 4-bit tiles for a 4-bit
+    weight and its float tiles for a float one (the other kind's would compile programs no
+    launch takes); every candidate of the other kernels."""
+    if name == "decode_gemv":
+        from minillm.kernels import decode_gemv as dg
+
+        return [dg._config(*tile) for tile in (dg.INT4_TILES if bucket["w"] else dg.DENSE_TILES)]
+    return list(t.configs)
+
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -54,9 +65,9 @@ def main() -> int:
     for name, t in tuning.tunables().items():
         if args.only not in name:
             continue
-        configs = list(t.configs)[:args.most]
         for partial in REPRESENTATIVE.get(name, [{}]):
             bucket = {**partial, "dt": DTYPE_BITS[args.dtype]}
+            configs = candidates(name, t, bucket)[:args.most]
             for extra in EXTRA_CONSTEXPRS.get(name, [{}]):
                 t0, outcome, seen = time.perf_counter(), Counter(), set()
                 for cfg in configs:

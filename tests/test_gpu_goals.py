@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from gpu_check_report import SCHEMA, validate_report  # noqa: E402
+import gpu_goals  # noqa: E402
 from gpu_goals import goals, load_report  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "gpu_goals.py"
@@ -127,17 +128,29 @@ def test_the_best_candidate_judges_the_goal_and_is_named():
     assert decode["met"] is True
     assert decode["measured"].startswith("1.10× bf16 (") and "GEMV glue off, best of 2" in \
         decode["measured"]
-    assert decode["measured"].endswith("; pinned tiles)")
-    # ... and which tiles the decode section's process launched
-    rep = report(section("gemv_tiles", []), section("decode", [
-        {"engine": "minillm w4 g64 asym (RTN, head bf16) CUDA graph", "vs_bf16": 1.05}]))
-    assert goal(goals([rep]), 27, "SmolLM2 w4")["measured"].endswith(
-        "; decode GEMV tiles measured earlier in the run)")
-    rep = report(section("decode", [
-        {"engine": "minillm w4 g64 asym (RTN, head bf16) CUDA graph", "vs_bf16": 1.05}]))
-    rep["environment"].update(tuned="/tmp/minillm-gpu/kernels.tuned.json", tuned_configs=8)
-    assert goal(goals([rep]), 27, "SmolLM2 w4")["measured"].endswith(
-        "; tiles measured earlier in the run)")
+    assert decode["measured"].endswith("; decode GEMV off)")  # its tiles do not apply
+    # ... and which tiles the decode section's process launched: gemv_tiles' before it, in
+    # the same process, only where it kept some (a cut or quick run may keep none)
+    w4 = {"engine": "minillm w4 g64 asym (RTN, head bf16) CUDA graph", "vs_bf16": 1.05}
+
+    def tiles(*sections, **env):
+        rep = report(*sections)
+        rep["environment"].update(env)
+        return goal(goals([rep]), 27, "SmolLM2 w4")["measured"].rsplit("; ", 1)[1]
+
+    kept = section("gemv_tiles", [{"product": "down", "us": 4.0, "kept": True}])
+    assert tiles(kept, section("decode", [w4])) == "decode GEMV tiles measured earlier in the run)"
+    assert tiles(section("gemv_tiles", [{"product": "down", "us": 4.0}], status="timeout"),
+                 section("decode", [w4])) == "pinned tiles)"
+    assert tiles(section("decode", [w4]), kept) == "pinned tiles)"  # after decode: too late
+    assert tiles(section("decode", [w4]), tuned="/tmp/minillm-gpu/kernels.tuned.json",
+                 tuned_configs=8) == "tiles measured earlier in the run)"
+    assert tiles(section("decode", [w4]), tuned="/tmp/t.json", tuned_configs=0) == \
+        "pinned tiles)"
+    off = {**w4, "engine": w4["engine"] + gpu_goals.GEMV_OFF, "vs_bf16": 1.2}
+    assert tiles(kept, section("decode", [w4, off])) == "decode GEMV off)"
+    import gpu_check_model
+    assert gpu_goals.GEMV_OFF == gpu_check_model.GEMV_OFF
 
 
 def test_issue_25_counts_the_check_and_leaves_the_labs_to_issue_28():

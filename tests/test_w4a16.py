@@ -270,6 +270,10 @@ def test_fp32_tiled_launches_take_a_narrow_k_step_on_a_gpu(gen, monkeypatch):
         assert (cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps) == (32, 128, 4)
     monkeypatch.setattr(wk, "interpreter_enabled", lambda: True)  # keeps the wide step tested
     assert wk.bucket_of_call(torch.empty(8, 256), qweight, 64)[1]["bk"] == 64
+    # the GPU check's rows that force the kernel past DEQUANT_MIN_M name its own bucket
+    assert wk.bucket_of_call(torch.empty(1024, 256), qweight, 64,
+                             dequantize_first=False)[1]["M"] == 1024
+    assert wk.bucket_of_call(torch.empty(1024, 256), qweight, 64)[1]["M"] == 256
 
 
 def test_block_k_and_buckets():

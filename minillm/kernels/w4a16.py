@@ -291,13 +291,18 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     return out.reshape(*lead, n)
 
 
-def bucket_of_call(x: torch.Tensor, qweight: torch.Tensor, group_size: int):
+def bucket_of_call(x: torch.Tensor, qweight: torch.Tensor, group_size: int, *,
+                   dequantize_first: bool | None = None):
     """(Tunable, bucket) a ``w4a16_linear`` call on the kernel path uses (None if it takes
-    the plain path): the GPU check reports the pinned config of each row."""
+    the plain path): the GPU check reports the pinned config of each row. With
+    ``dequantize_first`` as the call's (False: the kernel at any M), the bucket of the kernel
+    it launches; None: of a call under DEQUANT_MIN_M rows (the kernel path's largest M)."""
     block_k = _block_k(group_size)
     if _as_words(qweight) is None or block_k is None:
         return None
-    m = min(x.numel() // x.shape[-1], DEQUANT_MIN_M - 1)
+    m = x.numel() // x.shape[-1]
+    if dequantize_first is None:
+        m = min(m, DEQUANT_MIN_M - 1)
     return bucket_for(m, qweight.shape[0], x.shape[-1], _tiled_block_k(block_k, m, x.dtype),
                       x.dtype)
 
