@@ -392,6 +392,20 @@ GEMV_PRODUCTS = [("qkv", 960, 576, "add+norm+rope"), ("gate_up", 3072, 576, "add
                  ("down", 576, 1536, "silu·up"), ("o_proj", 576, 576, "none")]
 
 
+def gemv_group(k: int) -> int:
+    """The 4-bit group size of the decode GEMV rows' weights (g64, or g32 where 64 does not
+    divide K)."""
+    return 64 if k % 64 == 0 else 32
+
+
+def gemv_stand_in(weight: str, k: int):
+    """What `decode_gemv.launch_tiles` / `bucket_of` need of a row's weight ("w4" or
+    "dense"): its kind, and a 4-bit one's group size."""
+    from minillm.kernels import decode_gemv as dg
+
+    return dg.Int4Weight(None, None, None, gemv_group(k)) if weight == "w4" else torch.empty(0)
+
+
 def gemv_case(run, name, n, k, prologue, m, weight, dtype, tiles=None) -> dict:
     """One fused call (`decode_gemv.norm_linear` / `silu_mul_linear`) against the kernels it
     replaces (the Triton glue, then cuBLAS or the W4A16 kernel), both from CUDA graphs over
@@ -413,7 +427,7 @@ def _gemv_case(run, name, n, k, prologue, m, weight, dtype, tiles) -> dict:
     torch.manual_seed(zlib.crc32(f"{name} {m} {weight}".encode()))
     w = torch.randn(n, k, device=run.device) * k ** -0.5
     if weight == "w4":
-        qw, scales, zeros = packing.pack(rtn(w, 4, 64 if k % 64 == 0 else 32, False))
+        qw, scales, zeros = packing.pack(rtn(w, 4, gemv_group(k), False))
         group = k // scales.shape[1]
         fused_w = lambda c: dg.Int4Weight(*c, group)  # noqa: E731
         product = lambda h, c: w4a16_linear(h, *c, group)  # noqa: E731
@@ -528,9 +542,9 @@ def check_gemv_tiles(run) -> None:
             if run.dry:  # the interpreter: a small twin (K kept: the candidates' steps)
                 n = n // 8
             cands = gemv_tile_candidates(weight, k)
-            # the pinned tiles first: a quick run, or a box that cuts, still compares with them
-            cands.sort(key=lambda c, n=n, k=k, prologue=prologue, weight=weight: not (
-                not run.dry and tiles_are_default(dg, n, k, prologue, weight, c, dtype)))
+            if not run.dry:  # the pinned tiles first, so a quick run or a cut box times them
+                cands.sort(key=lambda c, n=n, k=k, prologue=prologue, weight=weight:
+                           not tiles_are_default(dg, n, k, prologue, weight, c, dtype))
             cases += [(name, n, k, prologue, weight, c) for c in
                       run.pick(cands, cands[:4] if name in ("down", "o_proj") else [], cands[:1])]
     if run.dry:
@@ -576,7 +590,6 @@ def fastest_tiles(rows: list[dict], dtype) -> list[tuple]:
     """(decode GEMV bucket, its config, the fastest correct row, the pinned tiles' row or
     None) for each product and weight of a gemv_tiles run, in the rows' order. A row that
     failed, or erred beyond the dtype's tolerance, is never the fastest."""
-    import triton
     from minillm.kernels import decode_gemv as dg
 
     prologue = {name: GEMV_PROLOGUE[p] for name, _, _, p in GEMV_PRODUCTS}
@@ -587,12 +600,10 @@ def fastest_tiles(rows: list[dict], dtype) -> list[tuple]:
         group = list(group)
         best = min(group, key=lambda r: r["us"])
         own = next((r for r in group if r.get("default")), None)
-        n, k, int4 = best["N"], best["K"], weight == "w4"
-        block_k = (64 if k % 64 == 0 else 32) if int4 else dg._dense_block_k(k)
-        bucket = dg.bucket_for(n, k, int4, block_k, dg.PROLOGUES[prologue[name]], dtype)
-        cfg = triton.Config({"BLOCK_N": best["BLOCK_N"], "UNROLL": best["UNROLL"]},
-                            num_warps=best["warps"], num_stages=1)
-        out.append((bucket, cfg, best, own))
+        bucket = dg.bucket_of(best["N"], best["K"], gemv_stand_in(weight, best["K"]), dtype,
+                              prologue[name])
+        out.append((bucket, dg._config(best["BLOCK_N"], best["warps"], best["UNROLL"]), best,
+                    own))
     return out
 
 
@@ -613,10 +624,7 @@ def tile_case(run, dg, name, n, k, prologue, weight, dtype, tiles) -> dict:
 def tiles_are_default(dg, n, k, prologue, weight, tiles, dtype, arch=None) -> bool:
     """Whether ``tiles`` are the ones a launch of this shape gets without `decode_gemv.tiles`
     (on a GPU of ``arch``; None: this process's)."""
-    group = 64 if k % 64 == 0 else 32
-    w = dg.Int4Weight(None, None, None, group) if weight == "w4" else None
-    own = dg.launch_tiles(n, k, w if w is not None else torch.empty(0), dtype,
-                          GEMV_PROLOGUE[prologue], arch)
+    own = dg.launch_tiles(n, k, gemv_stand_in(weight, k), dtype, GEMV_PROLOGUE[prologue], arch)
     return own == (tiles["block_n"], tiles["warps"], tiles.get("unroll", 1))
 
 

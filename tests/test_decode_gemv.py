@@ -294,8 +294,7 @@ def test_the_rule_gives_smollm2_the_tiles_it_ran_with_and_the_pins_follow_the_ru
     for (name, n, k, prologue), want in SMOLLM2_TILES.items():
         for (w, dtype), tiles in zip(kinds, want):
             int4 = isinstance(w, dg.Int4Weight)
-            bucket = dg.bucket_for(n, k, int4, w.group_size if int4 else dg._dense_block_k(k),
-                                   dg.PROLOGUES[prologue], dtype)
+            bucket = dg.bucket_of(n, k, w, dtype, prologue)
             rule = dg._launch_tiles(n, k, int4, bucket, dg._analytic(bucket))
             assert rule == tiles, (name, w, dtype)
             assert dg.launch_tiles(n, k, w, dtype, prologue, 75) == tiles  # no file: the rule

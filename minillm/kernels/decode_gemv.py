@@ -229,6 +229,14 @@ def tiles(block_n: int | None = None, warps: int | None = None, unroll: int | No
 PROLOGUES = {"none": _NONE, "norm": _NORM, "silu": _SILU}  # `launch_tiles`'s names
 
 
+def bucket_of(n: int, k: int, weight, dtype: torch.dtype, prologue: str = "none") -> dict:
+    """The shape class of a launch over ``weight`` (a float [N, K] or an Int4Weight) with
+    an input of ``dtype`` and width k after ``prologue`` (`PROLOGUES`)."""
+    int4 = isinstance(weight, Int4Weight)
+    block_k = _block_k(weight.group_size) if int4 else _dense_block_k(k)
+    return bucket_for(n, k, int4, block_k, PROLOGUES[prologue], dtype)
+
+
 def launch_tiles(n: int, k: int, weight, dtype: torch.dtype, prologue: str = "none",
                  arch: int | None = None) -> tuple[int, int, int]:
     """(BLOCK_N, warps, UNROLL) of a launch over ``weight`` (a float [N, K] or an
@@ -236,8 +244,7 @@ def launch_tiles(n: int, k: int, weight, dtype: torch.dtype, prologue: str = "no
     a GPU of ``arch`` (None: this process's device; on the interpreter, its tiles): the
     tiles measured in this process, else the pinned ones, then `tiles`' overrides."""
     int4 = isinstance(weight, Int4Weight)
-    block_k = _block_k(weight.group_size) if int4 else _dense_block_k(k)
-    bucket = bucket_for(n, k, int4, block_k, PROLOGUES[prologue], dtype)
+    bucket = bucket_of(n, k, weight, dtype, prologue)
     if arch is None:
         cfg = None if interpreter_enabled() else DECODE_GEMV.config_for(bucket)
     else:
@@ -347,8 +354,9 @@ def _launch(x2, delta2, norm_weight, eps, weight, prologue, k, rope=None):
 
     if interpreter_enabled():
         launch(None)
-    elif _tile_override:  # a candidate's tiles over the pinned ones
-        launch(DECODE_GEMV.config_for(bucket, x2.device))
+    elif _tile_override:  # a candidate's tiles over the pinned ones, not through `run`:
+        launch(DECODE_GEMV.config_for(bucket, x2.device))  # one that does not fit must not
+        # become the class's fallback config
     else:  # the pinned (or measured) tiles: one dict lookup once the class has run
         DECODE_GEMV.run(bucket, launch, x2.device)
     return s, y
