@@ -8,6 +8,7 @@
     python benchmarks/gpu_check.py --sections gemv_tiles,decode  # the decode GEMV's tiles
                                                    #   measured, then decode with the fastest
                                                    #   (<out>.tuned.json as well)
+    python benchmarks/gpu_check.py --sections w4a16_tiles  # the W4A16 GEMV's, likewise
     python benchmarks/gpu_check.py --random-weights  # model sections without the GGUF
 
 Sections (each isolated: one that raises is reported with its error and the rest still
@@ -32,11 +33,14 @@ run; each has a time box, and what it had no time for is listed as skipped):
                       graph and eager, and where the batch-64 step's time goes
     decode_gemv       gpu_check_kernels: the decode GEMV (glue fused into the product)
                       against glue + cuBLAS / the W4A16 kernel, SmolLM2's products
-    gemv_tiles        gpu_check_kernels: the decode GEMV's tiles, 113 candidates at M = 1
+    gemv_tiles        gpu_check_kernels: the decode GEMV's tiles, 107 candidates at M = 1
                       against the pinned ones, w4 first; each product's fastest is kept for
                       the sections after it (run before the model sections) and written to
                       <out>.tuned.json. Only when asked (--sections gemv_tiles), outside the
                       8 minutes
+    w4a16_tiles       gpu_check_kernels: the W4A16 GEMV's tiles at M = 1, its 40 candidates
+                      at each of the w4a16 section's four shapes, timed over weights larger
+                      than L2; kept and written like gemv_tiles'. Only when asked
     pytest            gpu_check_model: the test files of the kernels (Lab 03's scaffold kernel
                       included), speculative decoding and tensor parallelism, with the CUDA
                       device visible, all at once (not in --quick)
@@ -524,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tuned = out.with_name(out.stem + ".tuned.json")
 
-    def wants_tuned() -> bool:  # autotuning, or configs measured otherwise (gemv_tiles)
+    def wants_tuned() -> bool:  # autotuning, or configs measured otherwise (the *_tiles)
         return bool(args.autotune or tuning.autotune_requested() or tuning.measured())
 
     def progress(entries: list[dict]) -> None:
@@ -538,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
                "decode_rows": args.decode_rows.split(",") if args.decode_rows else None,
                "backends": args.backends.split(","), "labs": labs, "lab_timeout_s": lab_box,
                "lab_parallel": args.lab_parallel}
-    # The sections run only when asked (the labs, gemv_tiles) bring their own budgets on top
+    # The sections run only when asked (the labs, the *_tiles) bring their own budgets on top
     # of the other sections'.
     total = TOTAL_BUDGET_S[mode] + sum(s.budget_s.get(mode, 0.0) for s in asked_only
                                        if s in sections)

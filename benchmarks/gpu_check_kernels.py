@@ -281,17 +281,23 @@ _W4_WEIGHTS: dict = {}  # (N, K, group, sym) -> packed weight, for one section r
 GEMV_MAX_ROWS = 4  # minillm.kernels.decode_gemv.MAX_ROWS (not imported here: it loads triton)
 
 
+def w4_weight(run, n, k, group_size=64, sym=False) -> tuple:
+    """(qweight, scales, zeros) of a random [n, k] weight quantized by RTN: one per shape
+    and layout, shared by the rows of a section run (`_W4_WEIGHTS`)."""
+    key = (n, k, group_size, sym)
+    if key not in _W4_WEIGHTS:
+        torch.manual_seed(n * 31 + k * 7)
+        w = torch.randn(n, k, device=run.device) * 0.02  # quantized on the device: fast
+        _W4_WEIGHTS[key] = packing.pack(rtn(w, 4, group_size, sym))
+    return _W4_WEIGHTS[key]
+
+
 def w4a16_case(run, n, k, m, dtype, group_size=64, sym=False) -> dict:
     """One W4A16 product against a dense matmul of the same (dequantized) weight: time,
     the GB/s of the bytes it reads (packed int4 + fp32 scales, + fp32 zeros if asymmetric)
     and their fraction of the bandwidth measured in this run; from 256 rows also the
     dequantize-then-torch.matmul path (the wrapper switches to it from DEQUANT_MIN_M)."""
-    key = (n, k, group_size, sym)
-    if key not in _W4_WEIGHTS:  # one weight per shape and layout, shared by its rows
-        torch.manual_seed(n * 31 + k * 7)
-        w = torch.randn(n, k, device=run.device) * 0.02  # quantized on the device: fast
-        _W4_WEIGHTS[key] = packing.pack(rtn(w, 4, group_size, sym))
-    qweight, scales, zeros = _W4_WEIGHTS[key]
+    qweight, scales, zeros = w4_weight(run, n, k, group_size, sym)
     z = None if sym else zeros
     torch.manual_seed(m)
     x = randn(run, m, k, dtype=dtype)
@@ -410,8 +416,8 @@ def gemv_case(run, name, n, k, prologue, m, weight, dtype, tiles=None) -> dict:
     """One fused call (`decode_gemv.norm_linear` / `silu_mul_linear`) against the kernels it
     replaces (the Triton glue, then cuBLAS or the W4A16 kernel), both from CUDA graphs over
     weight copies larger than L2, as a layer's products run in a graph step. With ``tiles``
-    ({block_n, warps, unroll}: `decode_gemv.tiles`) the fused call runs those tiles and only
-    it is timed (the unfused result still checks it)."""
+    ({block_n, warps, unroll, split}: `decode_gemv.tiles`) the fused call runs those tiles
+    and only it is timed (the unfused result still checks it)."""
     from minillm.kernels import decode_gemv as dg
 
     if tiles is not None:
@@ -470,9 +476,9 @@ def _gemv_case(run, name, n, k, prologue, m, weight, dtype, tiles) -> dict:
     row = {"product": name, "prologue": prologue, "weight": weight,
            "dtype": str(dtype)[6:], "N": n, "K": k, "M": m, "rel_err": err, "us": 1e3 * ms}
     if tiles is not None:  # the tiles that ran (a None of `tiles` is the shape's own)
-        b_n, warps, unroll = dg.launch_tiles(n, k, fused_w(copies[0]), dtype,
-                                             GEMV_PROLOGUE[prologue])
-        row.update(BLOCK_N=b_n, warps=warps, UNROLL=unroll, first_s=first_s,
+        b_n, warps, unroll, split = dg.launch_tiles(n, k, fused_w(copies[0]), dtype,
+                                                    GEMV_PROLOGUE[prologue])
+        row.update(BLOCK_N=b_n, warps=warps, UNROLL=unroll, SPLIT=split, first_s=first_s,
                    ok=err <= tol(dtype))
         return row
     ms_unfused = bench_graph(run, [lambda c=c: unfused(c) for c in copies])
@@ -518,17 +524,18 @@ GEMV_TILE_ORDER = ("down", "o_proj", "gate_up", "qkv")  # the losers first
 
 
 def gemv_tile_candidates(weight: str, k: int, group: int = 64) -> list[dict]:
-    """{block_n, warps, unroll} to time for one product: 4-bit, rows 2-8 a program on 1-4
-    warps, 8 chunks a step (the default past 12) or 4, or all of K in one step; float, rows
-    2-16 on 4 or 8 warps (K's own step)."""
+    """{block_n, warps, unroll, split} to time for one product (`decode_gemv.INT4_TILES`,
+    `DENSE_TILES`): 4-bit, one chunk a step with 8 chunks a loop (the default past 12) or
+    4, or all of K in one loop; or SPLIT chunks side by side, 1 or 3 steps a loop; float,
+    {block_n, warps} (K's own step)."""
     from minillm.kernels import decode_gemv as dg
 
     if weight == "w4":
         chunks = k // group
         unrolls = {dg._int4_unroll(k, group), min(4, chunks), chunks}
-        return [{"block_n": b, "warps": w, "unroll": u} for b, w, u in dg.INT4_TILES
-                if u in unrolls]
-    return [{"block_n": b, "warps": w} for b, w, _ in dg.DENSE_TILES]
+        return [{"block_n": b, "warps": w, "unroll": u, "split": sp}
+                for b, w, u, sp in dg.INT4_TILES if sp > 1 or u in unrolls]
+    return [{"block_n": b, "warps": w} for b, w, _, _ in dg.DENSE_TILES]
 
 
 def check_gemv_tiles(run) -> None:
@@ -557,9 +564,10 @@ def check_gemv_tiles(run) -> None:
     for bucket, cfg, best, own in fastest:
         vs = (f", {own['us'] / best['us']:.2f}x the pinned tiles' {own['us']:.2f} µs" if own
               else ", not compared with the pinned tiles (not timed): not kept")
+        split = f" SPLIT={best['SPLIT']}" if best.get("SPLIT", 1) > 1 else ""
         run.notes.append(f"{best['product']} {best['weight']}: fastest BLOCK_N={best['BLOCK_N']} "
-                         f"warps={best['warps']} UNROLL={best['UNROLL']}, {best['us']:.2f} µs"
-                         + vs)
+                         f"warps={best['warps']} UNROLL={best['UNROLL']}{split}, "
+                         f"{best['us']:.2f} µs" + vs)
     if not run.dry:  # from here on this process launches them; gpu_check writes them out
         from minillm.kernels import tuning
 
@@ -602,8 +610,8 @@ def fastest_tiles(rows: list[dict], dtype) -> list[tuple]:
         own = next((r for r in group if r.get("default")), None)
         bucket = dg.bucket_of(best["N"], best["K"], gemv_stand_in(weight, best["K"]), dtype,
                               prologue[name])
-        out.append((bucket, dg._config(best["BLOCK_N"], best["warps"], best["UNROLL"]), best,
-                    own))
+        out.append((bucket, dg._config(best["BLOCK_N"], best["warps"], best["UNROLL"],
+                                       best.get("SPLIT", 1)), best, own))
     return out
 
 
@@ -617,7 +625,8 @@ def tile_case(run, dg, name, n, k, prologue, weight, dtype, tiles) -> dict:
             raise
         return {"product": name, "weight": weight, "N": n, "K": k, "M": 1,
                 "BLOCK_N": tiles["block_n"], "warps": tiles["warps"],
-                "UNROLL": tiles.get("unroll", 1), "error": f"does not fit: {e}"[:200]}
+                "UNROLL": tiles.get("unroll", 1), "SPLIT": tiles.get("split", 1),
+                "error": f"does not fit: {e}"[:200]}
     return {**row, "default": tiles_are_default(dg, n, k, prologue, weight, tiles, dtype)}
 
 
@@ -625,7 +634,111 @@ def tiles_are_default(dg, n, k, prologue, weight, tiles, dtype, arch=None) -> bo
     """Whether ``tiles`` are the ones a launch of this shape gets without `decode_gemv.tiles`
     (on a GPU of ``arch``; None: this process's)."""
     own = dg.launch_tiles(n, k, gemv_stand_in(weight, k), dtype, GEMV_PROLOGUE[prologue], arch)
-    return own == (tiles["block_n"], tiles["warps"], tiles.get("unroll", 1))
+    return own == (tiles["block_n"], tiles["warps"], tiles.get("unroll", 1),
+                   tiles.get("split", 1))
+
+
+# ----------------------------------------------------------------------------- w4a16_tiles
+
+# The W4A16 GEMV's (M = 1) pinned tiles were chosen on the H100 of 2026-11-26 by the
+# autotuner, whose do_bench loop re-reads a weight that fits in the 50 MB L2 (4,096 x 4,096
+# in 4 bits is 10 MB): the tiles of a kernel reading from L2, where a decode step reads from
+# HBM. Its int4 weight then streamed at most 1.29 TB/s of the H200's 4.3 (2026-11-28). This
+# opt-in section times every candidate of `w4a16.W4A16_GEMV` (8 programs x 5 SPLIT_K) at the
+# w4a16 section's four M = 1 shapes, each from a CUDA graph over weight copies larger than
+# L2 as that section times them, the pinned tiles first, and keeps each shape's fastest for
+# its class (`tuning.record_measured`: `<out>.tuned.json`, then `pin_configs.py --merge
+# <tuned> --kernel w4a16_gemv`). `gpu_check.py --sections w4a16_tiles`.
+W4A16_TILE_SHAPES = [(4096, 4096), (14336, 4096), (3072, 576), (49152, 576)]
+
+
+def w4a16_tile_candidates(tunable, pinned) -> list:
+    """The pinned config first, then every other candidate of ``tunable``."""
+    from minillm.kernels import tuning
+
+    key = repr(tuning.config_to_dict(pinned))
+    return [pinned] + [c for c in tunable.configs if repr(tuning.config_to_dict(c)) != key]
+
+
+def w4a16_tile_case(run, n, k, dtype, cfg, pinned) -> dict:
+    """One candidate config of the W4A16 GEMV at [1, k] x [n, k] (g64 asymmetric), launched
+    through `w4a16_linear` itself (`tuning.trying`), timed as the w4a16 section times it."""
+    from minillm.kernels import tuning
+    from minillm.kernels import w4a16 as wk
+
+    qweight, scales, zeros = w4_weight(run, n, k)
+    torch.manual_seed(1)
+    x = randn(run, 1, k, dtype=dtype)
+    tunable, bucket = wk.bucket_for(1, n, k, 64, dtype)
+    arch = tuning.device_arch(run.device) if run.cuda else 0  # the interpreter: its own tiles
+    with tuning.trying(tunable.name, arch, bucket, cfg):
+        out, first_s = first_call(run, lambda: w4a16_linear(x, qweight, scales, zeros, 64))
+        if run.cuda and tunable.config_for(bucket, run.device) is not cfg:  # it fell back
+            return {"dtype": str(dtype)[6:], "N": n, "K": k, "M": 1, "config": _config_str(cfg),
+                    "error": "does not fit this GPU: the launch fell back to "
+                             + _config_str(tunable.config_for(bucket, run.device))}
+        ref = F.linear(x, packing.dequantize_packed(qweight, scales, zeros, 4, dtype))
+        err = max_err(out, ref) / max(float(ref.abs().max()), 1e-12)
+        nbytes = sum(t.numel() * t.element_size() for t in (qweight, scales, zeros))
+        packed = [(qweight, scales, zeros)] + [tuple(t.clone() for t in (qweight, scales, zeros))
+                                               for _ in range(input_copies(run, nbytes) - 1)]
+        ms = bench_graph(run, [lambda w=w: w4a16_linear(x, *w, 64) for w in packed])
+    gbs, frac = kv_gbps(run, nbytes, ms)
+    same = repr(tuning.config_to_dict(cfg)) == repr(tuning.config_to_dict(pinned))
+    return {"dtype": str(dtype)[6:], "N": n, "K": k, "M": 1, "layout": "g64 asym",
+            "rel_err": err, "us": 1e3 * ms, "weight_GBps": gbs, "of_bandwidth": frac,
+            "config": _config_str(cfg), "first_s": first_s, "ok": err <= tol(dtype),
+            "default": same}
+
+
+def check_w4a16_tiles(run) -> None:
+    from minillm.kernels import tuning
+    from minillm.kernels import w4a16 as wk
+
+    dtype = kernel_dtype(run)
+    shapes = run.pick(W4A16_TILE_SHAPES, W4A16_TILE_SHAPES[:1], [(96, 128)])
+    arch = tuning.device_arch(run.device) if run.cuda else None
+    plans = []
+    for n, k in shapes:
+        tunable, bucket = wk.bucket_for(1, n, k, 64, dtype)
+        pinned = tunable.config_on(bucket, arch) if arch else tunable.interpreter
+        cands = w4a16_tile_candidates(tunable, pinned)
+        plans.append((n, k, tunable, bucket, pinned, run.pick(cands, cands[:6], cands[:2])))
+    # Every shape's pinned tiles first, then the other candidates shape by shape: a box
+    # that cuts the tail still leaves each shape a pinned row to compare with.
+    order = [(n, k, pinned, c) for n, k, _, _, pinned, cands in plans for c in cands[:1]] + [
+        (n, k, pinned, c) for n, k, _, _, pinned, cands in plans for c in cands[1:]]
+    try:
+        for n, k, pinned, cfg in order:
+            run.case(f"N={n} K={k} {_config_str(cfg)}",
+                     lambda n=n, k=k, cfg=cfg, pinned=pinned:
+                     w4a16_tile_case(run, n, k, dtype, cfg, pinned))
+    finally:
+        _W4_WEIGHTS.clear()
+    for n, k, tunable, bucket, pinned, _ in plans:
+        rows = [r for r in run.rows if r.get("N") == n and r.get("K") == k and "us" in r]
+        good = [r for r in rows if r.get("ok")]
+        if not good:
+            continue
+        best = min(good, key=lambda r: r["us"])
+        own = next((r for r in rows if r["default"]), None)
+        run.notes.append(f"{n} x {k}: fastest {best['config']}, {best['us']:.2f} µs, "
+                         f"{best['weight_GBps']:.0f} GB/s" + (
+                             f", {own['us'] / best['us']:.2f}x the pinned tiles' "
+                             f"{own['us']:.2f} µs" if own else
+                             ", not compared with the pinned tiles (not timed): not kept"))
+        if arch and own is not None:  # from here on this process launches it
+            cfg = next(c for c in tunable.configs if _config_str(c) == best["config"]) \
+                if not best["default"] else pinned
+            tuning.record_measured(tunable.name, arch, bucket, cfg, best["us"])
+            best["kept"] = True
+    run.notes.append("W4A16 GEMV candidates (w4a16.W4A16_GEMV) at M = 1, g64 asymmetric, each "
+                     "launched through w4a16_linear (tuning.trying) and timed from a CUDA graph "
+                     "over weight copies larger than L2; GB/s counts the packed weight, fp32 "
+                     "scales and zeros; default: the tiles pinned for the shape; kept: the "
+                     "fastest, for its class (<out>.tuned.json)"
+                     + ("" if run.cuda else "; on the interpreter every candidate runs the "
+                        "interpreter's own tiles"))
 
 
 # Time boxes (s), planned for an H100 with the pinned tile configs (a first call of a new
@@ -651,9 +764,15 @@ SECTIONS = [
             check_decode_gemv, {"full": 18, "quick": 4, "dry": 60}),
 ]
 # Run only when asked for (`--sections gemv_tiles`), outside the check's 8 minutes, with a
-# budget of its own: 113 candidates (81 w4 first, then 32 bf16) of ~1 s each (a compile,
+# budget of its own: 107 candidates (83 w4 first, then 24 bf16) of ~1 s each (a compile,
 # then a graph; int4 at UNROLL 24 compiles for longer), so the box may cut the bf16 tail.
+# (The H200, 2026-11-28: 110 of 113 candidates in 150 s; the 3 cut were bf16 tiles of 8
+# and 16 rows, the slowest of every other product.)
+# w4a16_tiles: 160 candidates (40 a shape), 8 programs a shape compiled (SPLIT_K is a
+# run-time argument), each timed from a graph; not yet run on a GPU.
 ASKED_ONLY = [
     Section("gemv_tiles", "Decode GEMV tiles: candidates timed against the shape's own",
             check_gemv_tiles, {"full": 150, "quick": 30, "dry": 120}),
+    Section("w4a16_tiles", "W4A16 GEMV tiles (M = 1): candidates timed against the pinned",
+            check_w4a16_tiles, {"full": 120, "quick": 20, "dry": 120}),
 ]

@@ -41,6 +41,7 @@ from typing import Iterator
 import torch
 
 from .attention import ContiguousCacheContext, decode_attention
+from .graph_capture import capture_guard
 from .kv_cache import KVCache
 from .layers import fused
 
@@ -184,7 +185,7 @@ class DecodeGraph:
                 self._step_and_feed()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with capture_guard(), torch.cuda.graph(self.graph):
             self.logits = self._step_and_feed()
         torch.cuda.synchronize()
 

@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 import torch
 
 from .devices import _resolve
+from .graph_capture import capture_guard
 
 
 def _synchronize(device: torch.device | None) -> None:
@@ -104,7 +105,7 @@ def time_graph(fns: Sequence[Callable[[], object]], replays: int = 5, device=Non
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize(dev)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with capture_guard(collect=False), torch.cuda.graph(graph):  # one per timing
             run_all()
         # The replays timed as any call is: the first (it uploads the graph) as warm-up.
         seconds = time_fn(graph.replay, warmup=1, repeats=replays, device=dev)

@@ -240,6 +240,8 @@ def test_other_tiles_compute_the_same_products(gen, kind, tiles_of):
     # (small shapes: the interpreter runs one program at a time, and BLOCK_N 2 makes many;
     # K 384 is 6 chunks of 64, so an unroll of 4 leaves a partial step, 24 a mostly empty one).
     # With sm_90's tiles a tile's unroll is its class's (9 at K 128: a mostly empty step).
+    # SPLIT chunks side by side: 4 at K 128 (2 chunks) and 384 (6) leave chunks past K, and
+    # 3 steps of 2 cover 384 in one loop.
     dtype = DTYPES[0]
     k, num_q, num_kv, dim = 128, 3, 1, 16
     n = (num_q + 2 * num_kv) * dim
@@ -251,7 +253,9 @@ def test_other_tiles_compute_the_same_products(gen, kind, tiles_of):
     cos, sin = rope_tables(gen, 1, dim, torch.float32)
     rope = dg.Rope(num_q, num_kv, dim, cos, sin)
     for tiles in ({"block_n": 2, "warps": 1, "unroll": 4}, {"block_n": 8, "warps": 2},
-                  {"block_n": 16, "warps": 4, "unroll": 24}):
+                  {"block_n": 16, "warps": 4, "unroll": 24},
+                  {"block_n": 2, "warps": 2, "unroll": 1, "split": 4},
+                  {"block_n": 4, "warps": 1, "unroll": 3, "split": 2}):
         what = f"{kind} {tiles}"
         own = dg.launch_tiles(n, k, w, dtype)  # what a launch gets here (GPU: the pinned)
         with dg.tiles(**tiles):
@@ -261,13 +265,31 @@ def test_other_tiles_compute_the_same_products(gen, kind, tiles_of):
             y_down = dg.silu_mul_linear(gate_up, w_down)
         assert got[:2] == (tiles["block_n"], tiles["warps"])
         assert got[2] == (tiles.get("unroll", own[2]) if kind != "dense" else 1)
+        assert got[3] == (tiles.get("split", own[3]) if kind != "dense" else 1)
         assert torch.equal(s, x + delta), what
         check(y, fused.rms_norm_ref(x + delta, nw, 1e-5), exact, dtype, what)
         want_rope = y.clone()  # the same tiles' product, then rope_kv: the epilogue's bits
         glue.rope_kv(want_rope.view(1, -1, dim), num_q, num_kv, cos, sin, None)
         assert torch.equal(y_rope, want_rope), what
         check(y_down, fused.silu_mul_ref(gate_up), exact_down, dtype, what)
-    assert dg.launch_tiles(n, k, w, dtype) != (16, 4, 24)  # the override ends with the block
+    assert dg.launch_tiles(n, k, w, dtype) == own  # the override ends with the block
+
+
+@pytest.mark.parametrize("kind", ["int4 g192 asym", "int4 g32 sym"])
+def test_split_tiles_take_each_chunks_own_group(gen, kind):
+    """SPLIT chunks side by side (`dg.tiles(split=...)`): each chunk of BLOCK_K columns reads
+    its own group's scale (and zero) where a group spans three chunks (g192 at BLOCK_K 64)
+    and where a chunk is a whole small group (g32), chunks past K included (576 is 9 chunks
+    of 64: a step of 8 leaves 7 past K)."""
+    dtype = DTYPES[0]
+    w, exact = weights(gen, kind, 24, 576, dtype)
+    x = randn(gen, 2, 576, dtype=dtype)
+    for tiles in ({"block_n": 2, "warps": 4, "unroll": 3, "split": 8},
+                  {"block_n": 4, "warps": 1, "unroll": 1, "split": 2}):
+        with dg.tiles(**tiles):
+            assert dg.launch_tiles(24, 576, w, dtype)[3] == tiles["split"]
+            y = dg.linear(x, w)
+        check(y, x, exact, dtype, f"{kind} {tiles}")
 
 
 # SmolLM2's products, (name, N, K, prologue), and the tiles each ran with on the H100 of
@@ -295,6 +317,7 @@ def test_the_rule_gives_smollm2_the_tiles_it_ran_with_and_the_pins_follow_the_ru
         for (w, dtype), tiles in zip(kinds, want):
             int4 = isinstance(w, dg.Int4Weight)
             bucket = dg.bucket_of(n, k, w, dtype, prologue)
+            tiles = (*tiles, 1)  # SPLIT: one chunk a step
             rule = dg._launch_tiles(n, k, int4, bucket, dg._analytic(bucket))
             assert rule == tiles, (name, w, dtype)
             assert dg.launch_tiles(n, k, w, dtype, prologue, 75) == tiles  # no file: the rule
@@ -321,18 +344,24 @@ def test_tiles_measured_in_the_process_are_what_a_launch_gets(monkeypatch):
     bucket = dg.bucket_for(576, 1536, True, 64, dg.PROLOGUES["silu"], torch.bfloat16)
     cfg = triton.Config({"BLOCK_N": 2, "UNROLL": 24}, num_warps=2, num_stages=1)
     tuning.record_measured("decode_gemv", 90, bucket, cfg, 4.2)
-    assert dg.launch_tiles(576, 1536, w, torch.bfloat16, "silu", 90) == (2, 2, 24)
-    assert dg.launch_tiles(576, 1536, w, torch.bfloat16, "silu", 80) == (4, 1, 8)
-    assert dg.launch_tiles(576, 1536, w, torch.float16, "silu", 90) == (2, 2, 24)  # same class
-    assert dg.launch_tiles(576, 1536, w, torch.bfloat16, "norm", 90) == (4, 1, 8)  # not
+    assert dg.launch_tiles(576, 1536, w, torch.bfloat16, "silu", 90) == (2, 2, 24, 1)
+    assert dg.launch_tiles(576, 1536, w, torch.bfloat16, "silu", 80) == (4, 1, 8, 1)
+    assert dg.launch_tiles(576, 1536, w, torch.float16, "silu", 90) == (2, 2, 24, 1)  # class
+    assert dg.launch_tiles(576, 1536, w, torch.bfloat16, "norm", 90) == (4, 1, 8, 1)  # not
     with dg.tiles(unroll=4):  # a candidate's override still wins
-        assert dg.launch_tiles(576, 1536, w, torch.bfloat16, "silu", 90) == (2, 2, 4)
+        assert dg.launch_tiles(576, 1536, w, torch.bfloat16, "silu", 90) == (2, 2, 4, 1)
+    split = dg._config(2, 4, 3, 8)  # a SPLIT tile measured: SPLIT comes with it
+    tuning.record_measured("decode_gemv", 90, bucket, split, 3.9)
+    assert dg.launch_tiles(576, 1536, w, torch.bfloat16, "silu", 90) == (2, 4, 3, 8)
+    assert dg.launch_tiles(576, 1536, torch.empty(0), torch.bfloat16, "silu", 90)[3] == 1
 
 
 def test_tiles_reject_what_the_kernel_cannot_run():
     for bad, words in (({"block_n": 3}, "power of two >= 2"), ({"block_n": 1}, "power of two"),
                        ({"warps": 3}, "warps must be 1, 2, 4 or 8"),
-                       ({"unroll": 0}, "unroll must be an integer >= 1")):
+                       ({"unroll": 0}, "unroll must be an integer >= 1"),
+                       ({"split": 3}, "split must be a power of two"),
+                       ({"split": 0}, "split must be a power of two")):
         with pytest.raises(ValueError, match=words), dg.tiles(**bad):
             pass
 
@@ -644,6 +673,8 @@ def test_prefill_rows_a_subclass_and_training_take_the_unfused_path(triton_glue,
     assert fused.gemv_weight(lin, x[:, :1]) is None
 
 
+@pytest.mark.skipif(CUDA, reason="compiles for sm_90 ahead of time: with a GPU the other "
+                    "tests compile and run the kernels for real")
 def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
     """Every variant (prologue x weight kind, and q|k|v's with RoPE and the K/V store in its
     epilogue) builds for H100 (sm_90) in bf16 and fp32, with the tiles pinned on sm_90 for
@@ -680,7 +711,7 @@ def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
                     block_k = group if int4 else dg._dense_block_k(k_in)
                     dtype = torch.float32 if dt == "*fp32" else torch.bfloat16
                     bucket = dg.bucket_for(n, k_in, int4, block_k, prologue, dtype)
-                    block_n, warps, unroll = dg._launch_tiles(
+                    block_n, warps, unroll, split = dg._launch_tiles(
                         n, k_in, int4, bucket, dg.DECODE_GEMV.pinned(bucket, 90))
                     w, s = ("*i32", "*fp32") if int4 else (dt, dt)
                     store, table = rope or (False, "*fp32")
@@ -690,7 +721,7 @@ def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
                                  Slots="*i64")
                     consts = dict(PROLOGUE=prologue, HAS_DELTA=delta, INT4=int4,
                                   HAS_ZEROS=zeros, BLOCK_N=block_n, BLOCK_K=block_k,
-                                  UNROLL=unroll,
+                                  UNROLL=unroll, SPLIT=split,
                                   NORM_BLOCK=dg._dense_block_k(k_in), ROPE=rope is not None,
                                   WRITE_KV=store, ROUND_PRODUCT=table != "*fp32")
                     consts["stride_wk"] = 1  # what a launch specializes a unit stride to
@@ -721,8 +752,68 @@ def test_kernel_compiles_for_cuda_sm90_without_a_gpu():
                     # the loops: no layout conversion through shared memory next to the loads
                     blocks = re.split(r"\\n\\$L__BB\\d+_\\d+:", ptx)
                     assert not any("ld.global" in b and "bar.sync" in b for b in blocks), what
-                    if dt == "*bf16" and (not int4 or block_k == 64):  # >= 8 bf16 a thread
+                    # 16-byte loads wherever a chunk has >= 8 bf16 a thread, or (int4) at
+                    # least a word a thread. The tile measured fastest for SmolLM2's down
+                    # in 4 bits (H200: 2 rows, 1 warp) has half a word a thread, and is
+                    # not held to it.
+                    fills = not int4 or block_n * block_k // 8 >= 32 * warps
+                    if dt == "*bf16" and (not int4 or block_k == 64) and fills:
                         assert "ld.global.v4" in ptx, f"{what}: no 16-byte loads"
         print("compiled")
     """
     assert_compiles(code, timeout=600)
+
+
+@pytest.mark.skipif(CUDA, reason="compiles for sm_90 ahead of time: with a GPU, gpu_check's "
+                    "gemv_tiles compiles and runs every candidate for real")
+def test_every_4bit_candidate_compiles_for_sm90_without_spills_or_barriers_in_its_loop():
+    """gemv_tiles' 4-bit candidates (`INT4_TILES`, SPLIT chunks side by side included) at
+    SmolLM2's down (SiLU·up, K 1536) and q|k|v (add + norm, RoPE and the K/V store), g64
+    bf16, build for sm_90 with no register spill and no barrier in a block that loads: each
+    thread holds whole words, so no chunk converts layouts through shared memory."""
+    code = """
+        import re
+        import subprocess
+        import tempfile
+        from pathlib import Path
+        import torch
+        torch.cuda.is_available = lambda: True
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from minillm.kernels import decode_gemv as dg
+
+        fn = dg._decode_gemv_kernel
+        BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+        dt = "*bf16"
+        types = dict(X=dt, Delta=dt, NormW=dt, Sum=dt, W="*i32", Scales="*fp32",
+                     Zeros="*fp32", Y=dt, eps="fp32", Cos="*fp32", Sin="*fp32", KC=dt, VC=dt,
+                     Slots="*i64")
+        products = ((2, False, 576, 1536, False), (1, True, 960, 576, True))
+        for prologue, delta, n, k_in, rope in products:
+            for block_n, warps, unroll, split in dg.INT4_TILES:
+                consts = dict(PROLOGUE=prologue, HAS_DELTA=delta, INT4=True, HAS_ZEROS=True,
+                              BLOCK_N=block_n, BLOCK_K=64, UNROLL=unroll, SPLIT=split,
+                              NORM_BLOCK=dg._dense_block_k(k_in), ROPE=rope, WRITE_KV=rope,
+                              ROUND_PRODUCT=False, stride_wk=1)
+                sig = {a: "constexpr" if a in consts else types.get(a, "i32")
+                       for a in fn.arg_names}
+                aligned = [a for a in fn.arg_names if types.get(a, "").startswith("*")
+                           or a in ("stride_xm", "stride_dm", "stride_sm", "stride_wn",
+                                    "stride_ym", "K", "N", "half", "stride_cr", "stride_sr",
+                                    "stride_ks", "stride_kh", "stride_vs", "stride_vh")]
+                attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+                k = triton.compile(ASTSource(fn, sig, consts, attrs),
+                                   target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+                what = f"prologue {prologue} N {n} K {k_in} tiles {(block_n, warps, unroll, split)}"
+                with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                    f.write(k.asm["cubin"])
+                    f.flush()
+                    usage = subprocess.run([str(BIN / "cuobjdump"), "-res-usage", f.name],
+                                           capture_output=True, text=True).stdout
+                assert "STACK:0" in usage and "LOCAL:0" in usage, f"{what}: spilled: {usage}"
+                blocks = re.split(r"\\n\\$L__BB\\d+_\\d+:", k.asm["ptx"])
+                assert not any("ld.global" in b and "bar.sync" in b for b in blocks), what
+        print("compiled")
+    """
+    assert_compiles(code, timeout=900)

@@ -874,6 +874,18 @@ def test_pack_fills_copy_c_with_the_lab_wheels_the_corpus_and_part3(tmp_path):
         assert text in script, text
 
 
+def _dry_run_section(tmp_path, name: str) -> dict:
+    """The one section of `gpu_check.py --cpu-dry-run --sections name`, checked ok."""
+    out = tmp_path / f"{name}.json"
+    res = _script("--cpu-dry-run", "--sections", name, "--out", str(out))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.loads(out.read_text())
+    validate_report(report)
+    (section,) = report["sections"]
+    assert section["name"] == name and section["status"] == "ok"
+    return section
+
+
 def test_the_gemv_tiles_section_runs_only_when_asked_and_marks_the_shapes_own(tmp_path):
     """`--sections gemv_tiles` times decode GEMV candidates (here in the interpreter, tiny),
     each row with the tiles that ran; a plain run leaves it out (it is outside the 8
@@ -882,13 +894,7 @@ def test_the_gemv_tiles_section_runs_only_when_asked_and_marks_the_shapes_own(tm
     from minillm.kernels import decode_gemv as dg
     from minillm.kernels import tuning
 
-    out = tmp_path / "tiles.json"
-    res = _script("--cpu-dry-run", "--sections", "gemv_tiles", "--out", str(out))
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    report = json.loads(out.read_text())
-    validate_report(report)
-    (tiles,) = report["sections"]
-    assert tiles["name"] == "gemv_tiles" and tiles["status"] == "ok"
+    tiles = _dry_run_section(tmp_path, "gemv_tiles")
     assert [(r["product"], r["weight"]) for r in tiles["rows"]] == [
         ("down", "w4"), ("o_proj", "w4"), ("down", "dense")]
     assert all(r["ok"] and r["BLOCK_N"] == 2 and "default" in r for r in tiles["rows"])
@@ -904,7 +910,31 @@ def test_the_gemv_tiles_section_runs_only_when_asked_and_marks_the_shapes_own(tm
                 dg, n, k, prologue, weight, c, torch.bfloat16, arch=90)]
             assert len(hits) == 1, (name, weight)
             assert all(repr(tuning.config_to_dict(dg._config(
-                c["block_n"], c["warps"], c.get("unroll", 1)))) in allowed for c in cands)
+                c["block_n"], c["warps"], c.get("unroll", 1), c.get("split", 1)))) in allowed
+                for c in cands)
+
+
+def test_the_w4a16_tiles_section_times_every_candidate_pinned_first(tmp_path):
+    """`--sections w4a16_tiles` times W4A16 GEMV candidates through w4a16_linear (here in the
+    interpreter, tiny: two of them, the pinned first); on an H100 each of its four shapes
+    gets all 40 candidates, the pinned one first and once."""
+    import gpu_check_kernels
+    from minillm.kernels import w4a16 as wk
+
+    tiles = _dry_run_section(tmp_path, "w4a16_tiles")
+    assert [r["default"] for r in tiles["rows"]] == [True, False]
+    assert all(r["ok"] and r["M"] == 1 for r in tiles["rows"])
+    assert any(n.startswith("96 x 128: fastest BLOCK_N=") for n in tiles["notes"])
+    assert "w4a16_tiles" not in {s.name for s in gpu_check_kernels.SECTIONS}
+    for n, k in gpu_check_kernels.W4A16_TILE_SHAPES:
+        tunable, bucket = wk.bucket_for(1, n, k, 64, torch.bfloat16)
+        # the class a decode call of that shape launches in: what `trying` overrides
+        x, qw = torch.empty(1, k, dtype=torch.bfloat16), torch.empty(n, k // 2, dtype=torch.uint8)
+        assert wk.bucket_of_call(x, qw, 64) == (tunable, bucket)
+        pinned = tunable.config_on(bucket, 90)
+        cands = gpu_check_kernels.w4a16_tile_candidates(tunable, pinned)
+        assert cands[0] is pinned and len(cands) == len(tunable.configs) == 40
+        assert len({gpu_check_kernels._config_str(c) for c in cands}) == 40
 
 
 def test_gemv_tiles_runs_before_the_model_sections_so_decode_launches_what_it_kept():

@@ -146,6 +146,34 @@ def test_a_kernel_timed_by_its_own_benchmark_is_never_searched_but_keeps_its_mea
         tuning.record_measured(toy.name, 90, {"D": 96, "dt": 16}, fast, 1.0)
 
 
+def test_trying_a_candidate_launches_it_in_the_block_and_puts_back_what_was_there(
+        compiled_branch, monkeypatch):
+    """`tuning.trying` (gpu_check's w4a16_tiles times candidates through the kernel's own
+    wrapper): inside the block the bucket launches the candidate, and afterwards the
+    pinned config, or what a measurement had kept, launches again."""
+    from dataclasses import replace
+
+    toy, fast, slow, _ = _toy("toy_trying")
+    toy = replace(toy, searchable=False)
+    monkeypatch.setitem(tuning._registry, toy.name, toy)
+    bucket, launched = {"D": 64, "dt": 16}, []
+    toy.run(bucket, launched.append)
+    with tuning.trying(toy.name, 90, bucket, slow):
+        toy.run(bucket, launched.append)
+        assert toy.config_on(bucket, 90) is slow and toy.config_on(bucket, 80) == toy.default
+    toy.run(bucket, launched.append)
+    assert launched == [toy.default, slow, toy.default]
+    assert not [r for r in tuning.measured() if r["kernel"] == toy.name]  # nothing kept
+    tuning.record_measured(toy.name, 90, bucket, fast, 2.0)
+    with pytest.raises(RuntimeError, match="broken"), tuning.trying(toy.name, 90, bucket, slow):
+        toy.run(bucket, launched.append)
+        raise RuntimeError("broken")
+    toy.run(bucket, launched.append)
+    assert launched[-2:] == [slow, fast]  # the measurement is back, an error or not
+    [row] = [r for r in tuning.measured() if r["kernel"] == toy.name]
+    assert row["us"] == 2.0
+
+
 def test_a_bucket_is_resolved_once_until_something_changes_the_answer(compiled_branch,
                                                                         monkeypatch):
     """The second call of a bucket launches what the first resolved, without resolving it

@@ -49,6 +49,7 @@ from __future__ import annotations
 import torch
 
 from ..attention.paged import PagedAttentionContext, PagedAttentionMetadata
+from ..graph_capture import capture_guard
 from ..paged.kv_cache import PagedKVCache
 from .staging import CopyFence
 
@@ -169,12 +170,13 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        for b in reversed(self.sizes):  # largest first: its buffers size the shared pool
-            with torch.cuda.stream(side):
-                self._forward(b)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._forward(b)
-            self.graphs[b] = graph
+        with capture_guard():  # no garbage collection mid-capture: it may free a graph
+            for b in reversed(self.sizes):  # largest first: its buffers size the pool
+                with torch.cuda.stream(side):
+                    self._forward(b)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self._forward(b)
+                self.graphs[b] = graph
         torch.cuda.synchronize()

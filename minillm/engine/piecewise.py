@@ -56,6 +56,7 @@ import warnings
 
 import torch
 
+from ..graph_capture import capture_guard
 from ..layers import fused
 from ..paged.kv_cache import PagedKVCache
 
@@ -144,26 +145,27 @@ class PiecewiseGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        for b in reversed(self.sizes):  # largest first: its tensors size the shared pool
-            with torch.cuda.stream(side):
-                self._forward(_Boundary(self, b, "warmup"))
-            torch.cuda.synchronize()
-            boundary = _Boundary(self, b, "capture")
-            with torch.cuda.stream(side):
-                boundary.begin()
-                try:
-                    self._forward(boundary)
-                except BaseException:
-                    # End the capture in progress (the stream leaves capture mode even when
-                    # that reports the failure) and raise the error that broke it, not
-                    # capture_end's own "capture invalidated".
+        with capture_guard():  # no garbage collection mid-capture: it may free a graph
+            for b in reversed(self.sizes):  # largest first: its tensors size the pool
+                with torch.cuda.stream(side):
+                    self._forward(_Boundary(self, b, "warmup"))
+                torch.cuda.synchronize()
+                boundary = _Boundary(self, b, "capture")
+                with torch.cuda.stream(side):
+                    boundary.begin()
                     try:
-                        boundary.end()
-                    except Exception:  # noqa: BLE001
-                        pass
-                    raise
-                boundary.end()
-            self.graphs[b], self.calls[b] = boundary.graphs, boundary.calls
+                        self._forward(boundary)
+                    except BaseException:
+                        # End the capture in progress (the stream leaves capture mode
+                        # even when that reports the failure) and raise the error that
+                        # broke it, not capture_end's own "capture invalidated".
+                        try:
+                            boundary.end()
+                        except Exception:  # noqa: BLE001
+                            pass
+                        raise
+                    boundary.end()
+                self.graphs[b], self.calls[b] = boundary.graphs, boundary.calls
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # the warm-ups' cached blocks on the side stream
 

@@ -27,7 +27,8 @@ a symmetric weight, every zero 8), read as int32 words and unpacked in registers
 of the bytes.
 
 Tiles (`DECODE_GEMV`, a `tuning.Tunable`): BLOCK_N rows a program, its warps and, for a
-4-bit weight, UNROLL chunks of BLOCK_K columns a step, pinned per GPU architecture and
+4-bit weight, SPLIT chunks of BLOCK_K columns side by side a step and UNROLL steps a loop
+iteration, pinned per GPU architecture and
 shape class in ``configs/sm_XY.json`` like every Triton kernel's. Where nothing is measured
 the pin is the kernel's own rule (`_analytic`). They are measured by gpu_check's opt-in
 `gemv_tiles` section, which times candidates (`tiles`) from CUDA graphs over weights larger
@@ -118,15 +119,29 @@ def _dense_block_k(k: int) -> int:
     return min(MAX_DENSE_BLOCK_K, max(16, next_power_of_2(k)))
 
 
-def _config(block_n: int, warps: int, unroll: int) -> triton.Config:
-    return triton.Config({"BLOCK_N": block_n, "UNROLL": unroll}, num_warps=warps, num_stages=1)
+def _config(block_n: int, warps: int, unroll: int, split: int = 1) -> triton.Config:
+    """A tile config; SPLIT only where it is not 1 (the pinned files predate it: a config
+    without it launches SPLIT 1, `_constexprs`)."""
+    kwargs = {"BLOCK_N": block_n, "UNROLL": unroll} | ({"SPLIT": split} if split > 1 else {})
+    return triton.Config(kwargs, num_warps=warps, num_stages=1)
 
 
-# The candidates, (BLOCK_N, warps, UNROLL). A 4-bit weight: 2-8 rows a program on 1-4 warps,
-# 4 or 8 chunks a step, or one step of SmolLM2's widths at BLOCK_K 64 (576: 9 chunks; 1536:
-# 24). A float weight (UNROLL 1: it steps by `_dense_block_k`): 2-16 rows on 4 or 8 warps.
-INT4_TILES = tuple((b, w, u) for b in (2, 4, 8) for w in (1, 2, 4) for u in (4, 8, 9, 24))
-DENSE_TILES = tuple((b, w, 1) for b in (2, 4, 8, 16) for w in (4, 8))
+# The candidates, (BLOCK_N, warps, UNROLL, SPLIT). A 4-bit weight's chunk is BLOCK_N x
+# BLOCK_K / 8 words, SPLIT chunks side by side; a tile with fewer words than threads
+# converts layouts through shared memory every chunk (the sm_90 PTX: 34-66 barriers; the
+# H200, 2026-11-28: 2 or 4 rows on 2-4 warps took 14-16 µs at SmolLM2's down against 8-9
+# on one warp), so every candidate runs on one warp or gives each thread a whole word: SPLIT
+# 1 with 2 or 4 rows on one warp or 8 on two (4 or 8 chunks a step, or one step of SmolLM2's
+# widths at BLOCK_K 64: 576 is 9 chunks, 1536 is 24), and SPLIT 2-8 to spread a few rows' K
+# over up to 4 warps, a word or two a thread (1 or 3 steps of SPLIT chunks a loop). A float weight (UNROLL 1: it steps by
+# `_dense_block_k`): 2-8 rows on 4 or 8 warps. (8 rows on one warp and 16 float rows were
+# never the fastest of any SmolLM2 product on the H200.)
+INT4_TILES = (tuple((b, w, u, 1) for b, w in ((2, 1), (4, 1), (8, 2)) for u in (4, 8, 9, 24))
+              + tuple((b, w, u, sp) for b, w, sp in ((2, 1, 2), (2, 1, 4), (4, 1, 2),
+                                                     (2, 2, 4), (4, 2, 2), (4, 4, 4),
+                                                     (2, 4, 8))
+                      for u in (1, 3)))
+DENSE_TILES = tuple((b, w, 1, 1) for b in (2, 4, 8) for w in (4, 8))
 # Each class's representative shape (SmolLM2's and Llama-3-8B's widths), for the rule and
 # for compiling the pinned configs ahead of time: N classes (<= 1024, <= 8192, more), K
 # classes (<= 1024, more), as the W4A16 GEMV's. Every shape of a class gets its tiles: K =
@@ -167,7 +182,7 @@ def _constexprs(b: dict) -> dict:
     tests/test_decode_gemv.py compiles q|k|v's epilogue)."""
     k = CLASS_K[b["K"]]
     return dict(PROLOGUE=b["p"], HAS_DELTA=b["p"] == _NORM, INT4=b["w"] > 0,
-                HAS_ZEROS=b["w"] > 0, BLOCK_K=b["w"] or _dense_block_k(k),
+                HAS_ZEROS=b["w"] > 0, BLOCK_K=b["w"] or _dense_block_k(k), SPLIT=1,
                 NORM_BLOCK=_dense_block_k(k) if b["p"] == _NORM else 16, ROPE=False,
                 WRITE_KV=False, ROUND_PRODUCT=False)
 
@@ -201,13 +216,15 @@ _tile_override: dict = {}  # set only inside `tiles`
 
 
 @contextlib.contextmanager
-def tiles(block_n: int | None = None, warps: int | None = None, unroll: int | None = None):
+def tiles(block_n: int | None = None, warps: int | None = None, unroll: int | None = None,
+          split: int | None = None):
     """Launch every decode GEMV inside the block with these tiles (None: the pinned ones):
     for timing candidates on a GPU (`gpu_check.py --sections gemv_tiles`), not for models.
     block_n: rows a program, a power of two >= 2 (RoPE pairs); warps: 1, 2, 4 or 8; unroll:
-    4-bit chunks a step, >= 1 (a float weight has none). A candidate changes which program
-    computes which rows, the order of a sum's last reduction at most (its warps), never
-    what is computed. Not thread-safe."""
+    4-bit steps a loop, >= 1; split: 4-bit chunks side by side a step, a power of two (a
+    float weight has neither). A candidate changes which program computes which rows and
+    the order of a row's sum (which chunks share an accumulator, its last reduction),
+    never what is computed. Not thread-safe."""
     if block_n is not None and (isinstance(block_n, bool) or not isinstance(block_n, int)
                                 or block_n < 2 or block_n & (block_n - 1)):
         raise ValueError(f"block_n must be a power of two >= 2 (whole RoPE pairs), got {block_n!r}")
@@ -215,10 +232,15 @@ def tiles(block_n: int | None = None, warps: int | None = None, unroll: int | No
         raise ValueError(f"warps must be 1, 2, 4 or 8, got {warps!r}")
     if unroll is not None and (isinstance(unroll, bool) or not isinstance(unroll, int)
                                or unroll < 1):
-        raise ValueError(f"unroll must be an integer >= 1 (4-bit chunks a step), got {unroll!r}")
+        raise ValueError(f"unroll must be an integer >= 1 (4-bit steps a loop), got {unroll!r}")
+    if split is not None and (isinstance(split, bool) or not isinstance(split, int)
+                              or split < 1 or split & (split - 1)):
+        raise ValueError(f"split must be a power of two >= 1 (4-bit chunks side by side), "
+                         f"got {split!r}")
     before = dict(_tile_override)
     _tile_override.update({k: v for k, v in (("block_n", block_n), ("warps", warps),
-                                             ("unroll", unroll)) if v is not None})
+                                             ("unroll", unroll), ("split", split))
+                           if v is not None})
     try:
         yield
     finally:
@@ -238,8 +260,8 @@ def bucket_of(n: int, k: int, weight, dtype: torch.dtype, prologue: str = "none"
 
 
 def launch_tiles(n: int, k: int, weight, dtype: torch.dtype, prologue: str = "none",
-                 arch: int | None = None) -> tuple[int, int, int]:
-    """(BLOCK_N, warps, UNROLL) of a launch over ``weight`` (a float [N, K] or an
+                 arch: int | None = None) -> tuple[int, int, int, int]:
+    """(BLOCK_N, warps, UNROLL, SPLIT) of a launch over ``weight`` (a float [N, K] or an
     Int4Weight) with an input of ``dtype`` and width k after ``prologue`` (`PROLOGUES`), on
     a GPU of ``arch`` (None: this process's device; on the interpreter, its tiles): the
     tiles measured in this process, else the pinned ones, then `tiles`' overrides."""
@@ -253,18 +275,22 @@ def launch_tiles(n: int, k: int, weight, dtype: torch.dtype, prologue: str = "no
 
 
 def _launch_tiles(n: int, k: int, int4: bool, bucket: dict,
-                  cfg: triton.Config | None) -> tuple[int, int, int]:
-    """(BLOCK_N, warps, UNROLL) from cfg (None on the interpreter: it runs one program at a
-    time in numpy, so few wide ones, BLOCK_N up to INTERPRETER_BLOCK_N, and K's own
-    unroll; results do not depend on it), then `tiles`' overrides."""
+                  cfg: triton.Config | None) -> tuple[int, int, int, int]:
+    """(BLOCK_N, warps, UNROLL, SPLIT) from cfg (None on the interpreter: it runs one
+    program at a time in numpy, so few wide ones, BLOCK_N up to INTERPRETER_BLOCK_N, and
+    K's own unroll; the results depend on the tiles only in a sum's order), then `tiles`'
+    overrides. A float weight has no UNROLL or SPLIT (1)."""
     if cfg is None:
-        block_n, warps = min(INTERPRETER_BLOCK_N, max(4, next_power_of_2(n))), 4
+        block_n, warps, split = min(INTERPRETER_BLOCK_N, max(4, next_power_of_2(n))), 4, 1
         unroll = _int4_unroll(k, bucket["w"]) if int4 else 1
     else:
         block_n, warps, unroll = cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.kwargs["UNROLL"]
+        split = cfg.kwargs.get("SPLIT", 1)
     o = _tile_override
-    return (o.get("block_n", block_n), o.get("warps", warps),
-            o.get("unroll", unroll) if int4 else 1)
+    if not int4:
+        return o.get("block_n", block_n), o.get("warps", warps), 1, 1
+    return (o.get("block_n", block_n), o.get("warps", warps), o.get("unroll", unroll),
+            o.get("split", split))
 
 
 # ----------------------------------------------------------------------------- host side
@@ -343,12 +369,12 @@ def _launch(x2, delta2, norm_weight, eps, weight, prologue, k, rope=None):
     bucket = bucket_for(n, k, int4, block_k, prologue, x2.dtype)
 
     def launch(cfg: triton.Config | None) -> None:
-        block_n, warps, unroll = _launch_tiles(n, k, int4, bucket, cfg)
+        block_n, warps, unroll, split = _launch_tiles(n, k, int4, bucket, cfg)
         _decode_gemv_kernel[(cdiv(n, block_n), m)](
             x2, d, nw, s, w, scales, zeros, y, n, k, float(eps), group_size,
             x2.stride(0), d.stride(0), s.stride(0), swn, swk, ssn, szn, y.stride(0), *epilogue,
             PROLOGUE=prologue, HAS_DELTA=delta2 is not None, INT4=int4, HAS_ZEROS=has_zeros,
-            BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=unroll,
+            BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=unroll, SPLIT=split,
             NORM_BLOCK=_dense_block_k(k) if prologue == _NORM else 16, **epilogue_consts,
             num_warps=warps)
 

@@ -30,7 +30,8 @@ Invariants:
   rows a program takes changes): the epilogue's output and caches are the bits of the
   product then `glue.rope_kv` (tests/test_decode_gemv.py).
 - Int4: BLOCK_K divides the group size (one scale per row per chunk of BLOCK_K columns;
-  UNROLL chunks a step) and is a multiple of 8 (whole words); K is a multiple of it.
+  SPLIT chunks side by side a step, UNROLL steps a loop iteration) and is a multiple of 8
+  (whole words); K is a multiple of it.
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def _decode_gemv_kernel(X, Delta, NormW, Sum, W, Scales, Zeros, Y,
                         stride_cr, stride_sr, stride_ks, stride_kh, stride_vs, stride_vh,
                         PROLOGUE: tl.constexpr, HAS_DELTA: tl.constexpr, INT4: tl.constexpr,
                         HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+                        BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr,
                         NORM_BLOCK: tl.constexpr, ROPE: tl.constexpr,
                         WRITE_KV: tl.constexpr, ROUND_PRODUCT: tl.constexpr):
     pid_n = tl.program_id(0)
@@ -112,17 +113,41 @@ def _decode_gemv_kernel(X, Delta, NormW, Sum, W, Scales, Zeros, Y,
             ssq += xf * xf
         inv = tl.rsqrt(tl.sum(ssq, axis=0) / K + eps)
 
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    # The input chunk is computed as a [BLOCK_N, BLOCK_K] tile whose rows are all alike: the
-    # same shape and contiguity as the weight tile, so it gets the weight's layout and needs
-    # no conversion through shared memory (two barriers) each step; the repeated loads hit
-    # L1. (As a [BLOCK_K] vector it would get a layout of its own: sm_90 PTX, 2026-11-27.)
-    rows_alike = tl.zeros([BLOCK_N, 1], dtype=tl.int32)
-    if INT4:
+    # The input chunk is computed as a tile whose rows are all alike: the same shape and
+    # contiguity as the weight tile, so it gets the weight's layout and needs no conversion
+    # through shared memory (two barriers) each step; the repeated loads hit L1. (As a
+    # [BLOCK_K] vector it would get a layout of its own: sm_90 PTX, 2026-11-27.)
+    if INT4 and SPLIT > 1:
+        # SPLIT chunks side by side, a [BLOCK_N, SPLIT, BLOCK_K] tile (each chunk inside one
+        # group, its own scale): a short weight's few rows a program still give each thread
+        # of several warps whole words, where a [BLOCK_N, BLOCK_K] tile on more warps than it
+        # fills converts layouts through shared memory every chunk. UNROLL such steps.
+        sub = tl.arange(0, SPLIT)
+        w_base3 = (W + n64[:, None, None] * stride_wn + (sub * (BLOCK_K // 8))[None, :, None]
+                   + tl.arange(0, BLOCK_K // 8)[None, None, :])
+        alike3 = tl.zeros([BLOCK_N, 1, 1], dtype=tl.int32)
+        acc3 = tl.zeros([BLOCK_N, SPLIT, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K * SPLIT * UNROLL):
+            for j in tl.static_range(UNROLL):
+                ks = k0 + j * (BLOCK_K * SPLIT) + sub * BLOCK_K  # each chunk's first column
+                inside = ks < K  # a chunk past K reads nothing and adds 0 (s = 0)
+                words = tl.load(w_base3 + (k0 + j * (BLOCK_K * SPLIT)) // 8,
+                                mask=n_mask[:, None, None] & inside[None, :, None], other=0)
+                s, z = _group_scale_zero(Scales, Zeros, n64[:, None],
+                                         n_mask[:, None] & inside[None, :], stride_sn,
+                                         stride_zn, (ks // group_size)[None, :], HAS_ZEROS)
+                cols = ks[None, :, None] + k_offs[None, None, :] + alike3
+                h = _input_chunk(X, Delta, NormW, row_x, row_d, cols, cols < K, inv, K,
+                                 PROLOGUE, HAS_DELTA)
+                acc3 += ((_unpack(words) - (z + 8388608.0)[:, :, None]) * s[:, :, None]) * h
+        total = tl.sum(tl.sum(acc3, axis=2), axis=1)
+    elif INT4:
         # BLOCK_K / 8 words a row a chunk, inside one group: one scale (and zero) a row.
         # UNROLL chunks a step, unrolled: their loads are independent, so all of a step's
         # are in flight at once (a short group would otherwise make K / g steps, each
         # waiting for its own loads).
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        rows_alike = tl.zeros([BLOCK_N, 1], dtype=tl.int32)
         w_base = W + n64[:, None] * stride_wn + tl.arange(0, BLOCK_K // 8)[None, :]
         for k0 in range(0, K, BLOCK_K * UNROLL):
             for j in tl.static_range(UNROLL):
@@ -136,7 +161,10 @@ def _decode_gemv_kernel(X, Delta, NormW, Sum, W, Scales, Zeros, Y,
                                  PROLOGUE, HAS_DELTA)
                 # _unpack gives 2^23 + u exactly; minus (2^23 + z): the exact u − z
                 acc += ((_unpack(words) - (z + 8388608.0)[:, None]) * s[:, None]) * h
+        total = tl.sum(acc, axis=1)
     else:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        rows_alike = tl.zeros([BLOCK_N, 1], dtype=tl.int32)
         for k0 in range(0, K, BLOCK_K):
             cols = k0 + k_offs[None, :] + rows_alike
             mask = cols < K
@@ -145,7 +173,8 @@ def _decode_gemv_kernel(X, Delta, NormW, Sum, W, Scales, Zeros, Y,
             w = tl.load(W + n64[:, None] * stride_wn + cols * stride_wk,
                         mask=n_mask[:, None] & mask, other=0.0)
             acc += w.to(tl.float32) * h
-    y = tl.sum(acc, axis=1).to(Y.dtype.element_ty)  # rounded as the unfused product's output
+        total = tl.sum(acc, axis=1)
+    y = total.to(Y.dtype.element_ty)  # rounded as the unfused product's output
     if ROPE:  # then rotated exactly as glue.rope_kv rotates what it loads
         x1, x2 = tl.split(tl.reshape(y, [BLOCK_N // 2, 2]))
         y1, y2 = rope_pair(x1, x2, c1, c2, s1, s2, ROUND_PRODUCT)
@@ -163,8 +192,8 @@ def _decode_gemv_kernel(X, Delta, NormW, Sum, W, Scales, Zeros, Y,
 @triton.jit
 def _group_scale_zero(Scales, Zeros, n64, mask, stride_sn, stride_zn, g,
                       HAS_ZEROS: tl.constexpr):
-    """Group g's scale and zero point of each of the tile's rows ([BLOCK_N] fp32; a symmetric
-    weight's zero is 8)."""
+    """Group g's scale and zero point of each of the tile's rows ([BLOCK_N] fp32, or
+    [BLOCK_N, SPLIT] for a group index per chunk; a symmetric weight's zero is 8)."""
     s = tl.load(Scales + n64 * stride_sn + g, mask=mask, other=0.0)
     if HAS_ZEROS:
         z = tl.load(Zeros + n64 * stride_zn + g, mask=mask, other=0.0)

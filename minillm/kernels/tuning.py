@@ -36,6 +36,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -43,7 +44,7 @@ import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import triton
@@ -408,6 +409,32 @@ def record_measured(name: str, arch: int, bucket: dict, cfg: triton.Config, us: 
     _measured[(name, arch, key)] = (cfg, float(us))
     _resolved[(name, key)] = cfg
     _ready.clear()
+
+
+@contextlib.contextmanager
+def trying(name: str, arch: int, bucket: dict, cfg: triton.Config) -> Iterator[None]:
+    """Launch ``cfg`` for kernel ``name``'s ``bucket`` on ``arch`` inside the block, as if it
+    had been measured; afterwards what was there before (a measurement, or none: the
+    pinned config) is back. For a benchmark that times candidates through the kernel's own
+    wrapper (gpu_check's w4a16_tiles); it then keeps the fastest with `record_measured`.
+    A candidate that does not fit the GPU launches the fallback `run` finds (`config_on`
+    then answers that one, not ``cfg``) only inside the block. Not thread-safe."""
+    key = _registry[name].check_bucket(bucket)
+    tables = ((_measured, (name, arch, key)), (_resolved, (name, key)),
+              (_fell_back, (name, arch, key)))  # a candidate that does not fit falls back
+    before = [table.pop(k, None) for table, k in tables]
+    _measured[(name, arch, key)] = (cfg, 0.0)
+    _resolved[(name, key)] = cfg
+    _ready.clear()
+    try:
+        yield
+    finally:
+        for (table, k), old in zip(tables, before):
+            if old is None:
+                table.pop(k, None)
+            else:
+                table[k] = old
+        _ready.clear()
 
 
 def measured() -> list[dict]:
