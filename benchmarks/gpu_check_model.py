@@ -430,6 +430,8 @@ def launch_wall_row(run, model) -> dict:
     out = {"engine": "launch wall (Lab 01 section 8), torch attention",
            "launch_us": wall.launch_s * 1e6, "bytes_floor_ms": wall.bytes_floor_s * 1e3,
            "triton_launch_us": None if wall.triton_launch_s is None else wall.triton_launch_s * 1e6,
+           # the device's time for one tiny kernel replayed from a graph: the kernel floor
+           "kernel_us": None if wall.kernel_s is None else wall.kernel_s * 1e6,
            # the Triton call as timed, and its own operator calls: what the launch's cost
            # is net of (so that a GPU run can judge the formula)
            "triton_call_us": None if wall.triton_call is None else wall.triton_call[0] * 1e6,
@@ -440,6 +442,7 @@ def launch_wall_row(run, model) -> dict:
             ("host_ops", r.host_ops), ("launches", r.launches), ("kernels", r.kernels),
             ("triton_launches", r.triton_launches),
             ("step_ms", r.step_s * 1e3), ("launch_floor_ms", wall.launch_floor_s(r) * 1e3),
+            ("kernel_floor_ms", wall.kernel_floor_s(r) * 1e3),
             ("ops_floor_ms", r.host_ops * wall.launch_s * 1e3),
             ("predicted_ms", wall.predicted_s(r) * 1e3))})
     return out

@@ -308,6 +308,7 @@ def test_cpu_dry_run_exercises_every_section_at_tiny_sizes(tmp_path):
         "minillm CUDA graph of the compiled step, triton attention (torch.compile cannot "
         "trace Triton's interpreter)"]
     assert wall["triton_launch_us"] is None and wall["eager_triton_launches"] == 0  # a CPU
+    assert wall["kernel_us"] is None and wall["eager_kernel_floor_ms"] == 0  # no kernel floor
     w4 = [r for r in by["decode"]["rows"] if r["engine"].startswith("minillm w4")]
     assert [r["engine"].split(") ")[1] for r in w4] == [
         "eager, triton attention", "CUDA graph, triton attention",

@@ -29,6 +29,11 @@ def test_the_floors_formulas():
     assert calc.launch_floor_s(0, 3e-6) == 0
     assert calc.step_floor_s(14e-3, 4e-3, overlapped=False) == pytest.approx(18e-3)  # a CPU
     assert calc.step_floor_s(0.09e-3, 4.5e-3, overlapped=True) == pytest.approx(4.5e-3)  # a GPU
+    # a GPU's replayed step: few launches, and its kernels' own floor the largest
+    assert calc.step_floor_s(0.062e-3, 0.09e-3, True, 283 * 3e-6) == pytest.approx(0.849e-3)
+    assert calc.step_floor_s(14e-3, 4e-3, False, 1e-3) == pytest.approx(18e-3)  # a CPU: none
+    with pytest.raises(ValueError, match="kernel_floor"):
+        calc.step_floor_s(1e-3, 1e-3, True, -1.0)
     with pytest.raises(ValueError, match="launch_s must be a finite number > 0"):
         calc.launch_floor_s(10, 0)
     with pytest.raises(ValueError, match="launches_per_step"):
@@ -145,6 +150,30 @@ def test_triton_launches_are_counted_and_priced_apart():
     assert "one Triton launch 80.0 µs" in table and "triton" in table.splitlines()[1]
 
 
+def test_a_replayed_steps_kernels_are_its_gpu_floor():
+    # The H200 of 2026-11-28: the CUDA-graph step (torch attention) ran 283 kernels in 0.90
+    # ms against a bytes floor of 0.062 ms; a CPU has no such floor (each operation runs as
+    # the host issues it: its launch cost holds it).
+    model = tiny("cpu")
+    wall = measure.LaunchWall(model, bandwidth_bytes_per_s=10e9, prompt_len=4, steps=2,
+                              count_steps=2, rounds=1)
+    assert wall.kernel_s is None and launch.measure_kernel_cost("cpu") is None
+    graph = launch.StepRun("CUDA graph", 0.9e-3, host_ops=9, launches=1.25, kernels=283)
+    assert wall.kernel_floor_s(graph) == 0 and "kernel floor" not in wall.table()
+    # As a GPU would measure them: 9.6 µs a launch, 3 µs of the device a kernel.
+    wall.overlapped, wall.launch_s, wall.kernel_s = True, 9.6e-6, 3e-6
+    wall.bandwidth = wall.weight_bytes / 0.062e-3
+    assert wall.kernel_floor_s(graph) == pytest.approx(283 * 3e-6)
+    assert wall.predicted_s(graph) == pytest.approx(283 * 3e-6)  # above bytes and launches
+    eager = launch.StepRun("eager", 19.8e-3, host_ops=1342, launches=158, kernels=253)
+    assert wall.predicted_s(eager) == pytest.approx(1342 * 9.6e-6)  # the launches still bind
+    wall.runs = [eager, graph]
+    assert "kernel floor" in wall.table().splitlines()[1]
+    assert "one kernel in a graph 3.00 µs of the device" in wall.table()
+    lines = [line for line in wall.summary() if "kernels × 3.00 µs" in line]
+    assert len(lines) == 1 and lines[0].startswith("CUDA graph: its 283 kernels")
+
+
 def test_a_calls_host_ops_and_whether_generate_replays_a_graph():
     x = torch.zeros(4)
 
@@ -181,7 +210,10 @@ def test_on_a_gpu_a_cuda_graph_keeps_the_kernels_and_drops_the_launches():
     assert eager.triton_launches > 0 and graph.triton_launches == 0  # the Triton glue
     call_s, call_ops = wall.triton_call            # Triton's launcher is Python too
     assert call_s > wall.launch_s and call_ops >= 1 and wall.triton_launch_s >= 0
-    assert wall.predicted_s(eager) == pytest.approx(max(wall.bytes_floor_s, wall.launch_floor_s(eager)))
+    assert wall.predicted_s(eager) == pytest.approx(max(
+        wall.bytes_floor_s, wall.launch_floor_s(eager), wall.kernel_floor_s(eager)))
+    assert 0 < wall.kernel_s < 50e-6                # microseconds of the device a kernel
+    assert wall.predicted_s(graph) >= wall.kernel_floor_s(graph) > 0
     print(wall.table())
 
 

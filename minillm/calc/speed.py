@@ -50,13 +50,16 @@ def launch_floor_s(launches_per_step, launch_s) -> float:
     return _real("launches_per_step", launches_per_step, allow_zero=True) * _real("launch_s", launch_s)
 
 
-def step_floor_s(bytes_floor, launch_floor, overlapped: bool) -> float:
-    """A step's time from its two floors, in seconds: the larger where the host issues work while the
-    device runs earlier work (a GPU: ``overlapped``), their sum where one core does both (a
-    CPU)."""
+def step_floor_s(bytes_floor, launch_floor, overlapped: bool, kernel_floor=0.0) -> float:
+    """A step's time from its floors, in seconds: the largest where the host issues work while
+    the device runs earlier work (a GPU: ``overlapped``), the sum of bytes and launches where
+    one core does both (a CPU). ``kernel_floor`` (a GPU's): kernels per step × what one
+    tiny kernel costs the device even when nothing launches it from the host (a CUDA-graph
+    replay): the floor a replayed step meets once the launches are gone."""
     b = _real("bytes_floor", bytes_floor, allow_zero=True)
     lf = _real("launch_floor", launch_floor, allow_zero=True)
-    return max(b, lf) if overlapped else b + lf
+    kf = _real("kernel_floor", kernel_floor, allow_zero=True)
+    return max(b, lf, kf) if overlapped else b + lf
 
 
 def batched_decode_tokens_per_s(num_params, dtype_bytes, bandwidth_bytes_per_s, peak_flops,

@@ -21,11 +21,20 @@ batch-1 decode is launch-bound. The fixes cut what the host issues per step:
 Python out of the step; a CUDA graph replays the whole step with one launch
 (``generate(..., cuda_graph=True)``, ``minillm.decode_graph``).
 
+A replayed step meets a third floor, on a GPU only: the **kernel floor**, kernels per step ×
+what one tiny kernel costs the device even when the host launches nothing
+(``measure_kernel_cost``: its start, its drain and the gap before the next). On the H200
+of 2026-11-28 SmolLM2's graph step ran 283 kernels (torch attention) in 0.90 ms, 3.2 µs a
+kernel on average and 14× its bytes floor of 0.062 ms: the step is bound by how many
+kernels it has, which is why fusing them (the decode GEMV: four a layer) still pays inside
+a graph. (How close the tiny kernel's cost comes to that average is still to be measured.)
+
 What is measured, on the model's device, in the model's dtype:
 
 - ``measure_launch_cost``: seconds per tiny operation issued from Python (``torch.add`` of a
   one-element tensor into a preallocated one), the median over bursts of ``ops`` of them,
-  the device drained around each burst (``time_fn``); ``measure_triton_call``: the
+  the device drained around each burst (``time_fn``); ``measure_kernel_cost`` (CUDA): the
+  device seconds per such kernel replayed from a CUDA graph; ``measure_triton_call``: the
   same for the step's most frequent Triton call (a layer's add + RMSNorm + gate|up decode
   GEMV, ``fused.norm_linear``, on one row) less its own operator calls (the step's count
   has them already), on CUDA only;
@@ -60,7 +69,7 @@ import torch
 
 from .. import calc
 from ..devices import device_name, synchronize
-from ..timing import decode_tok_s, time_fn
+from ..timing import decode_tok_s, time_fn, time_graph
 from .steps import matmul_params
 
 #: name -> generate() options. CUDA-graph variants need CUDA.
@@ -98,6 +107,20 @@ def measure_launch_cost(device=None, ops: int = 1000, repeats: int = 5) -> float
             torch.add(x, 1.0, out=y)
 
     return time_fn(burst, warmup=1, repeats=repeats, device=dev) / ops
+
+
+def measure_kernel_cost(device=None, kernels: int = 200, replays: int = 5) -> float | None:
+    """Seconds of device time per tiny kernel (``add_`` on a one-element tensor) replayed from
+    a CUDA graph of ``kernels`` of them: what each kernel of a step costs the GPU however
+    little it does, once no host launches it. None off CUDA (a CPU runs each operation as
+    the host issues it: ``measure_launch_cost`` holds it)."""
+    from ..devices import resolve_device
+
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        return None
+    x = torch.zeros(1, device=dev)
+    return time_graph([lambda: x.add_(1.0)] * kernels, replays=replays, device=dev)
 
 
 def measure_triton_call(model, calls: int = 200,
@@ -282,6 +305,7 @@ class LaunchWall:
         self.bandwidth = float(bandwidth_bytes_per_s)
         self.overlapped = dev.type == "cuda"  # the host issues while the device runs
         self.launch_s = measure_launch_cost(dev)
+        self.kernel_s = measure_kernel_cost(dev)  # device s per kernel; None off CUDA
         self.triton_call = measure_triton_call(model)  # (s, operator calls); None off CUDA
         self.runs: list[StepRun] = []
         self.notes: list[str] = []
@@ -340,8 +364,14 @@ class LaunchWall:
             floor += calc.launch_floor_s(run.triton_launches, self.triton_launch_s)
         return floor
 
+    def kernel_floor_s(self, run) -> float:
+        """What the device takes to run one step of ``run``'s kernels (a StepRun or
+        StepCounts) if each cost it only what a tiny one does; 0 off CUDA."""
+        return 0.0 if self.kernel_s is None else run.kernels * self.kernel_s
+
     def predicted_s(self, run) -> float:
-        return calc.step_floor_s(self.bytes_floor_s, self.launch_floor_s(run), self.overlapped)
+        return calc.step_floor_s(self.bytes_floor_s, self.launch_floor_s(run), self.overlapped,
+                                 self.kernel_floor_s(run))
 
     def run(self, name: str) -> StepRun:
         for r in self.runs:
@@ -350,14 +380,18 @@ class LaunchWall:
         raise KeyError(f"no {name!r} run measured here; measured: {[r.name for r in self.runs]}")
 
     def table(self) -> str:
-        how = "the larger floor" if self.overlapped else "the two floors added"
+        how = "the largest floor" if self.overlapped else "the two floors added"
         triton = self.triton_launch_s is not None  # CUDA: the Triton launches' own column
+        kernel = self.kernel_s is not None  # CUDA: the kernel floor's column
         head = (f"{'decode step (batch 1)':<22}{'ops':>6}{'launches':>9}{'kernels':>9}"
                 + (f"{'triton':>8}" if triton else "")
-                + f"{'launch floor':>14}{'bytes floor':>13}{'predicted':>11}{'measured':>10}"
+                + f"{'launch floor':>14}" + (f"{'kernel floor':>14}" if kernel else "")
+                + f"{'bytes floor':>13}{'predicted':>11}{'measured':>10}"
                 f"{'tok/s':>8}")
         cost = (f"one launch costs {self.launch_s * 1e6:.2f} µs"
-                + (f", one Triton launch {self.triton_launch_s * 1e6:.1f} µs" if triton else ""))
+                + (f", one Triton launch {self.triton_launch_s * 1e6:.1f} µs" if triton else "")
+                + (f", one kernel in a graph {self.kernel_s * 1e6:.2f} µs of the device"
+                   if kernel else ""))
         floor = ("; launch floor = ops × one launch + triton × one Triton launch" if triton else "")
         lines = [f"{self.device} ({self.device_name}), {self.dtype}: {cost}; "
                  f"{self.weight_bytes / 1e6:.0f} MB of weights at "
@@ -365,7 +399,9 @@ class LaunchWall:
         for r in self.runs:
             lines.append(f"{r.name:<22}{r.host_ops:>6.0f}{r.launches:>9.0f}{r.kernels:>9.0f}"
                          + (f"{r.triton_launches:>8.0f}" if triton else "")
-                         + f"{self.launch_floor_s(r) * 1e3:>11.2f} ms{self.bytes_floor_s * 1e3:>10.2f} ms"
+                         + f"{self.launch_floor_s(r) * 1e3:>11.2f} ms"
+                         + (f"{self.kernel_floor_s(r) * 1e3:>11.2f} ms" if kernel else "")
+                         + f"{self.bytes_floor_s * 1e3:>10.2f} ms"
                          f"{self.predicted_s(r) * 1e3:>8.2f} ms{r.step_s * 1e3:>7.2f} ms"
                          f"{1 / r.step_s:>8.1f}")
         return "\n".join(lines + self.notes)
@@ -393,6 +429,13 @@ class LaunchWall:
                     lines.append(f"{r.name}: {eager.step_s / r.step_s:.2f}× eager's speed, "
                                  f"{r.launches:.0f} launches per step instead of "
                                  f"{eager.launches:.0f}, {nbytes / r.step_s:.0%} of the ceiling.")
+        for r in self.runs:  # a GPU: where the kernels' own count is the largest floor
+            kernels = self.kernel_floor_s(r)
+            if kernels > max(self.bytes_floor_s, self.launch_floor_s(r)):
+                lines.append(f"{r.name}: its {r.kernels:.0f} kernels × {self.kernel_s * 1e6:.2f} µs "
+                             f"each on the device are {kernels * 1e3:.2f} ms, "
+                             f"{kernels / self.bytes_floor_s:.1f}× the bytes floor: with the "
+                             f"launches gone, the number of kernels binds (fusing them lowers it).")
         return lines
 
 
