@@ -38,9 +38,10 @@ run; each has a time box, and what it had no time for is listed as skipped):
                       the sections after it (run before the model sections) and written to
                       <out>.tuned.json. Only when asked (--sections gemv_tiles), outside the
                       8 minutes
-    w4a16_tiles       gpu_check_kernels: the W4A16 GEMV's tiles at M = 1, its 40 candidates
-                      at each of the w4a16 section's four shapes, timed over weights larger
-                      than L2; kept and written like gemv_tiles'. Only when asked
+    w4a16_tiles       gpu_check_kernels: the W4A16 kernel's tiles at M = 1 and 16, its 40
+                      and 31 candidates at each of the w4a16 section's four shapes, timed
+                      over weights larger than L2; kept and written like gemv_tiles'. Only
+                      when asked
     pytest            gpu_check_model: the test files of the kernels (Lab 03's scaffold kernel
                       included), speculative decoding and tensor parallelism, with the CUDA
                       device visible, all at once (not in --quick)

@@ -640,16 +640,20 @@ def tiles_are_default(dg, n, k, prologue, weight, tiles, dtype, arch=None) -> bo
 
 # ----------------------------------------------------------------------------- w4a16_tiles
 
-# The W4A16 GEMV's (M = 1) pinned tiles were chosen on the H100 of 2026-11-26 by the
-# autotuner, whose do_bench loop re-reads a weight that fits in the 50 MB L2 (4,096 x 4,096
-# in 4 bits is 10 MB): the tiles of a kernel reading from L2, where a decode step reads from
-# HBM. Its int4 weight then streamed at most 1.29 TB/s of the H200's 4.3 (2026-11-28). This
-# opt-in section times every candidate of `w4a16.W4A16_GEMV` (8 programs x 5 SPLIT_K) at the
-# w4a16 section's four M = 1 shapes, each from a CUDA graph over weight copies larger than
-# L2 as that section times them, the pinned tiles first, and keeps each shape's fastest for
-# its class (`tuning.record_measured`: `<out>.tuned.json`, then `pin_configs.py --merge
-# <tuned> --kernel w4a16_gemv`). `gpu_check.py --sections w4a16_tiles`.
+# The W4A16 kernel's pinned tiles at M = 1 (`w4a16.W4A16_GEMV`) and M = 16 (`W4A16_SMALL_M`)
+# were chosen on the H100 of 2026-11-26 by the autotuner, whose do_bench loop re-reads a
+# weight that fits in the 50 MB L2 (4,096 x 4,096 in 4 bits is 10 MB), or follow a rule:
+# the tiles of a kernel reading from L2, where a decode step reads from HBM. On the H200
+# (2026-11-28) its int4 weight streamed at most 1.29 TB/s of 4.3, and at M = 16 it was
+# 0.62-0.92x dense. This opt-in section times every candidate of both (40 at M = 1, 31 at
+# M = 16) at the w4a16 section's four shapes, each from a CUDA graph over weight copies
+# larger than L2 as that section times them: every class's pinned tiles first, then the
+# other candidates taking turns across the classes, so that a box cutting the tail leaves
+# each class compared with its pinned tiles. Each class's fastest is kept
+# (`tuning.record_measured`: `<out>.tuned.json`, then `pin_configs.py --merge <tuned>
+# --kernel w4a16_gemv` and `--kernel w4a16_small_m`). `gpu_check.py --sections w4a16_tiles`.
 W4A16_TILE_SHAPES = [(4096, 4096), (14336, 4096), (3072, 576), (49152, 576)]
+W4A16_TILE_ROWS = (1, 16)
 
 
 def w4a16_tile_candidates(tunable, pinned) -> list:
@@ -660,23 +664,24 @@ def w4a16_tile_candidates(tunable, pinned) -> list:
     return [pinned] + [c for c in tunable.configs if repr(tuning.config_to_dict(c)) != key]
 
 
-def w4a16_tile_case(run, n, k, dtype, cfg, pinned) -> dict:
-    """One candidate config of the W4A16 GEMV at [1, k] x [n, k] (g64 asymmetric), launched
+def w4a16_tile_case(run, n, k, m, dtype, cfg, pinned) -> dict:
+    """One candidate config of the W4A16 kernel at [m, k] x [n, k] (g64 asymmetric), launched
     through `w4a16_linear` itself (`tuning.trying`), timed as the w4a16 section times it."""
     from minillm.kernels import tuning
     from minillm.kernels import w4a16 as wk
 
     qweight, scales, zeros = w4_weight(run, n, k)
-    torch.manual_seed(1)
-    x = randn(run, 1, k, dtype=dtype)
-    tunable, bucket = wk.bucket_for(1, n, k, 64, dtype)
+    torch.manual_seed(m)
+    x = randn(run, m, k, dtype=dtype)
+    tunable, bucket = wk.bucket_for(m, n, k, 64, dtype)
     arch = tuning.device_arch(run.device) if run.cuda else 0  # the interpreter: its own tiles
+    head = {"dtype": str(dtype)[6:], "N": n, "K": k, "M": m, "layout": "g64 asym",
+            "config": _config_str(cfg)}
     with tuning.trying(tunable.name, arch, bucket, cfg):
         out, first_s = first_call(run, lambda: w4a16_linear(x, qweight, scales, zeros, 64))
         if run.cuda and tunable.config_for(bucket, run.device) is not cfg:  # it fell back
-            return {"dtype": str(dtype)[6:], "N": n, "K": k, "M": 1, "config": _config_str(cfg),
-                    "error": "does not fit this GPU: the launch fell back to "
-                             + _config_str(tunable.config_for(bucket, run.device))}
+            return {**head, "error": "does not fit this GPU: the launch fell back to "
+                                     + _config_str(tunable.config_for(bucket, run.device))}
         ref = F.linear(x, packing.dequantize_packed(qweight, scales, zeros, 4, dtype))
         err = max_err(out, ref) / max(float(ref.abs().max()), 1e-12)
         nbytes = sum(t.numel() * t.element_size() for t in (qweight, scales, zeros))
@@ -685,10 +690,8 @@ def w4a16_tile_case(run, n, k, dtype, cfg, pinned) -> dict:
         ms = bench_graph(run, [lambda w=w: w4a16_linear(x, *w, 64) for w in packed])
     gbs, frac = kv_gbps(run, nbytes, ms)
     same = repr(tuning.config_to_dict(cfg)) == repr(tuning.config_to_dict(pinned))
-    return {"dtype": str(dtype)[6:], "N": n, "K": k, "M": 1, "layout": "g64 asym",
-            "rel_err": err, "us": 1e3 * ms, "weight_GBps": gbs, "of_bandwidth": frac,
-            "config": _config_str(cfg), "first_s": first_s, "ok": err <= tol(dtype),
-            "default": same}
+    return {**head, "rel_err": err, "us": 1e3 * ms, "weight_GBps": gbs, "of_bandwidth": frac,
+            "first_s": first_s, "ok": err <= tol(dtype), "default": same}
 
 
 def check_w4a16_tiles(run) -> None:
@@ -696,33 +699,36 @@ def check_w4a16_tiles(run) -> None:
     from minillm.kernels import w4a16 as wk
 
     dtype = kernel_dtype(run)
-    shapes = run.pick(W4A16_TILE_SHAPES, W4A16_TILE_SHAPES[:1], [(96, 128)])
+    classes = run.pick([(n, k, m) for m in W4A16_TILE_ROWS for n, k in W4A16_TILE_SHAPES],
+                       [(4096, 4096, 1), (4096, 4096, 16)], [(96, 128, 1), (96, 128, 16)])
     arch = tuning.device_arch(run.device) if run.cuda else None
     plans = []
-    for n, k in shapes:
-        tunable, bucket = wk.bucket_for(1, n, k, 64, dtype)
+    for n, k, m in classes:
+        tunable, bucket = wk.bucket_for(m, n, k, 64, dtype)
         pinned = tunable.config_on(bucket, arch) if arch else tunable.interpreter
         cands = w4a16_tile_candidates(tunable, pinned)
-        plans.append((n, k, tunable, bucket, pinned, run.pick(cands, cands[:6], cands[:2])))
-    # Every shape's pinned tiles first, then the other candidates shape by shape: a box
-    # that cuts the tail still leaves each shape a pinned row to compare with.
-    order = [(n, k, pinned, c) for n, k, _, _, pinned, cands in plans for c in cands[:1]] + [
-        (n, k, pinned, c) for n, k, _, _, pinned, cands in plans for c in cands[1:]]
+        plans.append((n, k, m, tunable, bucket, pinned, run.pick(cands, cands[:6], cands[:2])))
+    # Every class's pinned tiles first, then the other candidates taking turns.
+    turns = itertools.zip_longest(*[[(n, k, m, pinned, c) for c in cands[1:]]
+                                    for n, k, m, _, _, pinned, cands in plans])
+    order = [(n, k, m, pinned, cands[0]) for n, k, m, _, _, pinned, cands in plans] + [
+        t for turn in turns for t in turn if t is not None]
     try:
-        for n, k, pinned, cfg in order:
-            run.case(f"N={n} K={k} {_config_str(cfg)}",
-                     lambda n=n, k=k, cfg=cfg, pinned=pinned:
-                     w4a16_tile_case(run, n, k, dtype, cfg, pinned))
+        for n, k, m, pinned, cfg in order:
+            run.case(f"N={n} K={k} M={m} {_config_str(cfg)}",
+                     lambda n=n, k=k, m=m, cfg=cfg, pinned=pinned:
+                     w4a16_tile_case(run, n, k, m, dtype, cfg, pinned))
     finally:
         _W4_WEIGHTS.clear()
-    for n, k, tunable, bucket, pinned, _ in plans:
-        rows = [r for r in run.rows if r.get("N") == n and r.get("K") == k and "us" in r]
+    for n, k, m, tunable, bucket, pinned, _ in plans:
+        rows = [r for r in run.rows if (r.get("N"), r.get("K"), r.get("M")) == (n, k, m)
+                and "us" in r]
         good = [r for r in rows if r.get("ok")]
         if not good:
             continue
         best = min(good, key=lambda r: r["us"])
         own = next((r for r in rows if r["default"]), None)
-        run.notes.append(f"{n} x {k}: fastest {best['config']}, {best['us']:.2f} µs, "
+        run.notes.append(f"{n} x {k}, M = {m}: fastest {best['config']}, {best['us']:.2f} µs, "
                          f"{best['weight_GBps']:.0f} GB/s" + (
                              f", {own['us'] / best['us']:.2f}x the pinned tiles' "
                              f"{own['us']:.2f} µs" if own else
@@ -732,11 +738,11 @@ def check_w4a16_tiles(run) -> None:
                 if not best["default"] else pinned
             tuning.record_measured(tunable.name, arch, bucket, cfg, best["us"])
             best["kept"] = True
-    run.notes.append("W4A16 GEMV candidates (w4a16.W4A16_GEMV) at M = 1, g64 asymmetric, each "
-                     "launched through w4a16_linear (tuning.trying) and timed from a CUDA graph "
-                     "over weight copies larger than L2; GB/s counts the packed weight, fp32 "
-                     "scales and zeros; default: the tiles pinned for the shape; kept: the "
-                     "fastest, for its class (<out>.tuned.json)"
+    run.notes.append("W4A16 candidates (w4a16.W4A16_GEMV at M = 1, W4A16_SMALL_M at 16), g64 "
+                     "asymmetric, each launched through w4a16_linear (tuning.trying) and timed "
+                     "from a CUDA graph over weight copies larger than L2; GB/s counts the "
+                     "packed weight, fp32 scales and zeros; default: the tiles pinned for the "
+                     "class; kept: the fastest, for its class (<out>.tuned.json)"
                      + ("" if run.cuda else "; on the interpreter every candidate runs the "
                         "interpreter's own tiles"))
 
@@ -768,11 +774,12 @@ SECTIONS = [
 # then a graph; int4 at UNROLL 24 compiles for longer), so the box may cut the bf16 tail.
 # (The H200, 2026-11-28: 110 of 113 candidates in 150 s; the 3 cut were bf16 tiles of 8
 # and 16 rows, the slowest of every other product.)
-# w4a16_tiles: 160 candidates (40 a shape), 8 programs a shape compiled (SPLIT_K is a
-# run-time argument), each timed from a graph; not yet run on a GPU.
+# w4a16_tiles: 284 candidates (40 a shape at M = 1, 31 at M = 16; SPLIT_K is a run-time
+# argument: 8 and 7 programs a shape compiled), each timed from a graph; not yet run on a
+# GPU: the box may cut the tail, which takes turns across the classes.
 ASKED_ONLY = [
     Section("gemv_tiles", "Decode GEMV tiles: candidates timed against the shape's own",
             check_gemv_tiles, {"full": 150, "quick": 30, "dry": 120}),
-    Section("w4a16_tiles", "W4A16 GEMV tiles (M = 1): candidates timed against the pinned",
-            check_w4a16_tiles, {"full": 120, "quick": 20, "dry": 120}),
+    Section("w4a16_tiles", "W4A16 tiles (M = 1 and 16): candidates timed against the pinned",
+            check_w4a16_tiles, {"full": 150, "quick": 25, "dry": 120}),
 ]

@@ -10,6 +10,7 @@ and the dry run runs the kernels in Triton's interpreter and a 2-layer random mo
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import signal
@@ -916,26 +917,28 @@ def test_the_gemv_tiles_section_runs_only_when_asked_and_marks_the_shapes_own(tm
 
 
 def test_the_w4a16_tiles_section_times_every_candidate_pinned_first(tmp_path):
-    """`--sections w4a16_tiles` times W4A16 GEMV candidates through w4a16_linear (here in the
-    interpreter, tiny: two of them, the pinned first); on an H100 each of its four shapes
-    gets all 40 candidates, the pinned one first and once."""
+    """`--sections w4a16_tiles` times W4A16 candidates through w4a16_linear (here in the
+    interpreter, tiny: two at M = 1 and two at M = 16, every pinned one first); on an H100
+    each of its four shapes gets all 40 candidates at M = 1 and 31 at M = 16, the pinned
+    one first and once."""
     import gpu_check_kernels
     from minillm.kernels import w4a16 as wk
 
     tiles = _dry_run_section(tmp_path, "w4a16_tiles")
-    assert [r["default"] for r in tiles["rows"]] == [True, False]
-    assert all(r["ok"] and r["M"] == 1 for r in tiles["rows"])
-    assert any(n.startswith("96 x 128: fastest BLOCK_N=") for n in tiles["notes"])
+    assert [(r["M"], r["default"]) for r in tiles["rows"]] == [
+        (1, True), (16, True), (1, False), (16, False)]
+    assert all(r["ok"] for r in tiles["rows"])
+    assert any(n.startswith("96 x 128, M = 16: fastest ") for n in tiles["notes"])
     assert "w4a16_tiles" not in {s.name for s in gpu_check_kernels.SECTIONS}
-    for n, k in gpu_check_kernels.W4A16_TILE_SHAPES:
-        tunable, bucket = wk.bucket_for(1, n, k, 64, torch.bfloat16)
-        # the class a decode call of that shape launches in: what `trying` overrides
-        x, qw = torch.empty(1, k, dtype=torch.bfloat16), torch.empty(n, k // 2, dtype=torch.uint8)
+    for (n, k), m in itertools.product(gpu_check_kernels.W4A16_TILE_SHAPES, (1, 16)):
+        tunable, bucket = wk.bucket_for(m, n, k, 64, torch.bfloat16)
+        # the class a call of that shape launches in: what `trying` overrides
+        x, qw = torch.empty(m, k, dtype=torch.bfloat16), torch.empty(n, k // 2, dtype=torch.uint8)
         assert wk.bucket_of_call(x, qw, 64) == (tunable, bucket)
         pinned = tunable.config_on(bucket, 90)
         cands = gpu_check_kernels.w4a16_tile_candidates(tunable, pinned)
-        assert cands[0] is pinned and len(cands) == len(tunable.configs) == 40
-        assert len({gpu_check_kernels._config_str(c) for c in cands}) == 40
+        assert cands[0] is pinned and len(cands) == len(tunable.configs) == {1: 40, 16: 31}[m]
+        assert len({gpu_check_kernels._config_str(c) for c in cands}) == len(cands)
 
 
 def test_gemv_tiles_runs_before_the_model_sections_so_decode_launches_what_it_kept():

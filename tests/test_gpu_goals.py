@@ -168,6 +168,13 @@ def test_w4a16_tiles_fastest_row_is_a_candidate_against_the_sections_dense():
     assert best["met"] is False
     other = goal(rows, 27, "W4A16 M = 1, 14336×4096: ≥ 2.5× dense bf16 (best candidate)")
     assert "measured tiles" not in other["measured"]  # no tiles row of that shape
+    # M = 16: the kernel's own row against w4a16_tiles' fastest of that class
+    m16 = {"N": 4096, "K": 4096, "M": 16, "layout": "g64 asym", "vs_dense": 0.7,
+           "dense_us": 14.0}
+    tiles16 = section("w4a16_tiles", [{"N": 4096, "K": 4096, "M": 16, "us": 6.0, "ok": True}])
+    rows = goals([report(section("w4a16", [m16]), tiles16)])
+    best = goal(rows, 27, "W4A16 M = 16, 4096×4096: ≥ 2× dense bf16 (best candidate)")
+    assert best["met"] is True and best["measured"].startswith("2.33×, W4A16 kernel, measured")
 
 
 def test_issue_25_counts_the_check_and_leaves_the_labs_to_issue_28():

@@ -151,9 +151,10 @@ def test_triton_launches_are_counted_and_priced_apart():
 
 
 def test_a_replayed_steps_kernels_are_its_gpu_floor():
-    # The H200 of 2026-11-28: the CUDA-graph step (torch attention) ran 283 kernels in 0.90
-    # ms against a bytes floor of 0.062 ms; a CPU has no such floor (each operation runs as
-    # the host issues it: its launch cost holds it).
+    # Illustrative figures (the H200 of 2026-11-28's, fed to the formulas only): the
+    # CUDA-graph step (torch attention) ran 283 kernels in 0.90 ms against a bytes floor of
+    # 0.062 ms. A CPU has no such floor (each operation runs as the host issues it: its
+    # launch cost holds it).
     model = tiny("cpu")
     wall = measure.LaunchWall(model, bandwidth_bytes_per_s=10e9, prompt_len=4, steps=2,
                               count_steps=2, rounds=1)
@@ -170,6 +171,8 @@ def test_a_replayed_steps_kernels_are_its_gpu_floor():
     wall.runs = [eager, graph]
     assert "kernel floor" in wall.table().splitlines()[1]
     assert "one kernel in a graph 3.00 µs of the device" in wall.table()
+    compiled = launch.StepRun("compiled", 2e-3, host_ops=14, launches=14, kernels=400)
+    wall.runs = [eager, graph, compiled]  # compiled: its kernels' floor is largest, no graph
     lines = [line for line in wall.summary() if "kernels × 3.00 µs" in line]
     assert len(lines) == 1 and lines[0].startswith("CUDA graph: its 283 kernels")
 

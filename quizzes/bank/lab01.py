@@ -10,7 +10,8 @@ cells before the measurement they predict, and marked against it:
 - q13: the eager decode step of section 8 (``eager_step_ms``), predicted from its two floors
   (bytes and launches) measured just before;
 - q9: the compiled decode step of section 8 (``compiled_step_ms``; measured outside quick
-  mode), predicted from its bytes floor alone (it issues a handful of launches).
+  mode), predicted from the floors of its counts, as q13 from eager's (on a CPU it issues a
+  handful of launches: the bytes floor decides).
 
 Section 5's batch-1 step against the section-1 matvec ceiling is printed, not predicted: on
 a machine with fast memory the per-step overhead is a third of the step, and the 121 small
@@ -152,7 +153,8 @@ QUESTIONS = [
         "measures it, from its floors. Marked against the measured compiled step, within 20%.",
         answer=lambda m: m["compiled_step_ms"], unit="ms", rtol=0.2, predict=True,
         needs=("compiled_step_ms",), example_measured={"compiled_step_ms": 17.1},
-        explanation="The bytes floor alone: a handful of launches add microseconds. E.g. 538 MB ÷ "
+        explanation="Its floors, from its counts: on a CPU a handful of launches add microseconds, "
+                    "so the bytes floor decides. E.g. 538 MB ÷ "
                     "33.6 GB/s = 16.0 ms predicted, 17.1 ms measured on the 2-core EPYC this lab was "
                     "written on (−6%); the rest is attention over the cache and the fused glue's own "
                     "memory traffic. Adding the eager step's launch floor instead predicts eager, "
