@@ -93,6 +93,15 @@ def input_copies(run, nbytes: int) -> int:
     return int(max(1, min(GRAPH_CALLS_MAX, -(-2 * l2 // max(1, nbytes)))))
 
 
+def copies_past_l2(run, *tensors) -> list[tuple]:
+    """``tensors`` (a None stays None), then clones of them: as many copies as
+    `input_copies` asks for, so that a graph cycling through them reads each call's inputs
+    from memory."""
+    nbytes = sum(t.numel() * t.element_size() for t in tensors if t is not None)
+    return [tensors] + [tuple(None if t is None else t.clone() for t in tensors)
+                        for _ in range(input_copies(run, nbytes) - 1)]
+
+
 def bench_graph(run, calls: list) -> float:
     """Milliseconds of GPU work per call: `calls` (one call each on its own copy of the
     inputs, see `input_copies`) cycled to at least GRAPH_CALLS calls, captured into one CUDA
@@ -203,8 +212,7 @@ def paged_case(run, b, ctx, dtype, block_size=16) -> dict:
     slots = (tables.long().gather(1, pos // block_size) * block_size
              + pos % block_size).masked_fill(~mask, 0)
     ms_eager = bench(run, call)  # one call at a time: the host's launch included
-    caches = [(kc, vc)] + [(kc.clone(), vc.clone()) for _ in range(
-        input_copies(run, 2 * kc.numel() * kc.element_size()) - 1)]
+    caches = copies_past_l2(run, kc, vc)
     ms = bench_graph(run, [lambda k=k, v=v: paged_decode_attention(
         q, k, v, tables, lens_dev, max_context_len=ctx) for k, v in caches])
     ms_torch = bench_graph(run, [lambda k=k, v=v: decode_attention_gathered(q, k, v, slots, mask)
@@ -312,14 +320,11 @@ def w4a16_case(run, n, k, m, dtype, group_size=64, sym=False) -> dict:
     # over weight copies larger than the L2 cache (the first call of each, outside the
     # capture, also allocates the split-K counters).
     nbytes = sum(t.numel() * t.element_size() for t in (qweight, scales, *([] if sym else [zeros])))
-    packed = [(qweight, scales, z)] + [
-        (qweight.clone(), scales.clone(), None if z is None else z.clone())
-        for _ in range(input_copies(run, nbytes) - 1)]
+    packed = copies_past_l2(run, qweight, scales, z)
     ms = bench_graph(run, [lambda w=w: w4a16_linear(x, *w, group_size, **gemm_path)
                            for w in packed])
-    denses = [dense_w] + [dense_w.clone() for _ in range(
-        input_copies(run, dense_w.numel() * dense_w.element_size()) - 1)]
-    ms_dense = bench_graph(run, [lambda w=w: F.linear(x, w) for w in denses])
+    denses = copies_past_l2(run, dense_w)
+    ms_dense = bench_graph(run, [lambda w=w: F.linear(x, *w) for w in denses])
     del denses
     gbs, frac = kv_gbps(run, nbytes, ms)
     found = w4a16_bucket(x, qweight, group_size, **gemm_path)
@@ -437,14 +442,11 @@ def _gemv_case(run, name, n, k, prologue, m, weight, dtype, tiles) -> dict:
         group = k // scales.shape[1]
         fused_w = lambda c: dg.Int4Weight(*c, group)  # noqa: E731
         product = lambda h, c: w4a16_linear(h, *c, group)  # noqa: E731
-        copies = [(qw, scales, zeros)]
-        nbytes = sum(t.numel() * t.element_size() for t in copies[0])
-        copies += [tuple(t.clone() for t in copies[0]) for _ in range(input_copies(run, nbytes) - 1)]
+        copies = copies_past_l2(run, qw, scales, zeros)
     else:
-        w = w.to(dtype)
-        fused_w = lambda c: c  # noqa: E731
-        product = F.linear
-        copies = [w] + [w.clone() for _ in range(input_copies(run, w.numel() * w.element_size()) - 1)]
+        fused_w = lambda c: c[0]  # noqa: E731
+        product = lambda h, c: F.linear(h, *c)  # noqa: E731
+        copies = copies_past_l2(run, w.to(dtype))
     if prologue.startswith("add+norm"):
         x, d = randn(run, m, k, dtype=dtype), randn(run, m, k, dtype=dtype)
         nw = 1 + 0.1 * randn(run, k, dtype=dtype)
@@ -685,8 +687,7 @@ def w4a16_tile_case(run, n, k, m, dtype, cfg, pinned) -> dict:
         ref = F.linear(x, packing.dequantize_packed(qweight, scales, zeros, 4, dtype))
         err = max_err(out, ref) / max(float(ref.abs().max()), 1e-12)
         nbytes = sum(t.numel() * t.element_size() for t in (qweight, scales, zeros))
-        packed = [(qweight, scales, zeros)] + [tuple(t.clone() for t in (qweight, scales, zeros))
-                                               for _ in range(input_copies(run, nbytes) - 1)]
+        packed = copies_past_l2(run, qweight, scales, zeros)
         ms = bench_graph(run, [lambda w=w: w4a16_linear(x, *w, 64) for w in packed])
     gbs, frac = kv_gbps(run, nbytes, ms)
     same = repr(tuning.config_to_dict(cfg)) == repr(tuning.config_to_dict(pinned))
@@ -720,7 +721,7 @@ def check_w4a16_tiles(run) -> None:
                      w4a16_tile_case(run, n, k, m, dtype, cfg, pinned))
     finally:
         _W4_WEIGHTS.clear()
-    for n, k, m, tunable, bucket, pinned, _ in plans:
+    for n, k, m, tunable, bucket, _, cands in plans:
         rows = [r for r in run.rows if (r.get("N"), r.get("K"), r.get("M")) == (n, k, m)
                 and "us" in r]
         good = [r for r in rows if r.get("ok")]
@@ -734,8 +735,7 @@ def check_w4a16_tiles(run) -> None:
                              f"{own['us']:.2f} µs" if own else
                              ", not compared with the pinned tiles (not timed): not kept"))
         if arch and own is not None:  # from here on this process launches it
-            cfg = next(c for c in tunable.configs if _config_str(c) == best["config"]) \
-                if not best["default"] else pinned
+            cfg = next(c for c in cands if _config_str(c) == best["config"])
             tuning.record_measured(tunable.name, arch, bucket, cfg, best["us"])
             best["kept"] = True
     run.notes.append("W4A16 candidates (w4a16.W4A16_GEMV at M = 1, W4A16_SMALL_M at 16), g64 "

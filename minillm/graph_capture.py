@@ -14,9 +14,9 @@ dropped the first, failed with six such refusals.
 is still allowed) and keeps the collector off until they end, errors included. Turning the
 collector off is what prevents the failure; the collection only frees dead graphs sooner,
 and costs 0.06-0.1 s with the benchmarks' imports loaded, so a timing helper that captures
-once per measurement skips it (`collect=False`). Reference
-counting still frees garbage without cycles at once: the capturing code itself must not
-drop its last reference to a graph while capturing (none here does).
+once per measurement skips it (`collect=False`). Reference counting still frees garbage
+without cycles at once: the capturing code itself must not drop its last reference to a
+graph while capturing (none here does).
 """
 from __future__ import annotations
 
