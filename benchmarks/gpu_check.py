@@ -45,6 +45,10 @@ run; each has a time box, and what it had no time for is listed as skipped):
     pytest            gpu_check_model: the test files of the kernels (Lab 03's scaffold kernel
                       included), speculative decoding and tensor parallelism, with the CUDA
                       device visible, all at once (not in --quick)
+    compiled_wall     gpu_check_model: Lab 01's q9 on the device, the compiled step (no
+                      graph) counted, priced and timed against its launch wall, launches
+                      from the compiled code at their own measured cost. Only when asked
+                      (--sections compiled_wall): compiling SmolLM2 takes ~25 s
     labs              gpu_check_labs: every solution notebook under nbval on the device,
                       MINILLM_QUICK=1, one process and a 5-minute box each (--lab-parallel
                       N runs N at once); pass/fail and seconds per lab. Only when asked
@@ -497,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
                                               budget_s=args.lab_budget)
     except ValueError as e:
         ap.error(str(e))
-    asked_only = gpu_check_kernels.ASKED_ONLY + [labs_section]
+    asked_only = gpu_check_kernels.ASKED_ONLY + gpu_check_model.ASKED_ONLY + [labs_section]
     sections = all_sections(labs_section)
     if not args.sections:  # these run only when asked (the labs: by --labs too)
         sections = [s for s in sections if s not in asked_only
@@ -570,7 +574,7 @@ def all_sections(labs_section: Section) -> list[Section]:
     import gpu_check_model
 
     return (gpu_check_kernels.SECTIONS + gpu_check_kernels.ASKED_ONLY
-            + gpu_check_model.SECTIONS + [labs_section])
+            + gpu_check_model.SECTIONS + gpu_check_model.ASKED_ONLY + [labs_section])
 
 
 def write_tuned(path: Path, env: dict) -> Path:

@@ -941,6 +941,23 @@ def test_the_w4a16_tiles_section_times_every_candidate_pinned_first(tmp_path):
         assert len({gpu_check_kernels._config_str(c) for c in cands}) == len(cands)
 
 
+def test_the_compiled_wall_section_counts_and_prices_lab01s_compiled_step(tmp_path):
+    """`--sections compiled_wall` (Lab 01's q9 on the device, asked for by name: compiling
+    SmolLM2 takes ~25 s on a GPU) measures the compiled step against its floors; here on a
+    CPU, where the compiled code launches nothing and no launch from it is priced."""
+    import gpu_check_model
+
+    wall = _dry_run_section(tmp_path, "compiled_wall")
+    (row,) = wall["rows"]
+    assert row["engine"].endswith("torch attention, compiled step")
+    assert row["compiled_step_ms"] > 0 and row["compiled_host_ops"] > 0
+    assert row["compiled_compiled_launches"] == 0 and row["compiled_launch_us"] is None
+    assert row["compiled_predicted_ms"] == pytest.approx(  # a CPU: the two floors added
+        row["bytes_floor_ms"] + row["compiled_launch_floor_ms"], rel=1e-3, abs=2e-3)
+    assert "eager_step_ms" not in row  # q13's row is the decode section's
+    assert "compiled_wall" not in {s.name for s in gpu_check_model.SECTIONS}
+
+
 def test_gemv_tiles_runs_before_the_model_sections_so_decode_launches_what_it_kept():
     names = [s.name for s in gpu_check.all_sections(Section("labs", "Labs", None, {}))]
     assert names.index("decode_gemv") < names.index("gemv_tiles") < names.index("greedy_match")

@@ -1,6 +1,7 @@
 """The launch wall (`minillm.measure.launch`, Lab 01 section 8): the floors' formulas, the
-profiler's counts and the measured steps, on a tiny random model; on a GPU, the CUDA graph
-cutting the launches of a step while keeping its kernels, and the other device defaults.
+profiler's counts (`minillm.measure.step_counts`) and the measured steps, on a tiny random
+model; on a GPU, the CUDA graph cutting the launches of a step while keeping its kernels,
+and the other device defaults.
 Also section 9's profile of a decode step (`minillm.measure.step_profile`).
 
 The CPU tests check counts and relations, never timing thresholds: a step is timed, and
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from minillm import LlamaModel, ModelConfig, calc, devices, measure
-from minillm.measure import launch
+from minillm.measure import launch, step_counts
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (gpu_check's pytest section)")
@@ -48,12 +49,12 @@ def test_launch_cost_is_microseconds_per_op():
 def test_profiler_counts_one_decode_step_without_the_prefill():
     model = tiny()
     prompt = [3, 4, 5, 6]
-    c = launch.count_step_ops(model, prompt, steps=2, compile=False, cuda_graph=False)
+    c = step_counts.count_step_ops(model, prompt, steps=2, compile=False, cuda_graph=False)
     # every layer issues its norm, projections, RoPE, cache write, attention, MLP and adds
     per_layer_at_least = 8
     assert c.host_ops >= per_layer_at_least * model.config.num_layers
     assert c.launches == c.host_ops and c.kernels >= c.host_ops  # a CPU: nested ops included
-    again = launch.count_step_ops(model, prompt, steps=4, compile=False, cuda_graph=False)
+    again = step_counts.count_step_ops(model, prompt, steps=4, compile=False, cuda_graph=False)
     assert again.host_ops == c.host_ops  # per step: the same whatever the steps counted
 
 
@@ -109,8 +110,9 @@ def test_launch_wall_table_and_summary_on_a_cpu():
 
 def test_triton_launches_are_counted_and_priced_apart():
     # The H100 of 2026-11-27: 1,252 operator calls at 9.5 µs were 11.9 ms of a 19.5 ms eager
-    # step; its ~95 Triton launches (kernels the profiler lists without a host launch) the
-    # rest. The floor now counts them at their own cost, measured on the step's own call.
+    # step; its ~95 Triton launches (cuLaunchKernelEx from Triton's launcher, under no
+    # operator) the rest. The floor counts them at their own cost, measured on the step's
+    # own call.
     from types import SimpleNamespace
 
     from torch.autograd import DeviceType
@@ -118,18 +120,20 @@ def test_triton_launches_are_counted_and_priced_apart():
     import minillm.kernels.decode_gemv  # noqa: F401  (the step imports it on CUDA)
     import minillm.kernels.glue  # noqa: F401
 
-    names = launch.triton_kernel_names()
+    names = step_counts.triton_kernel_names()
     assert {"_decode_gemv_kernel", "_rms_norm_kernel", "_paged_decode_kernel"} <= names
 
     def ev(name, device, parent=None):
         return SimpleNamespace(name=name, device_type=device, cpu_parent=parent)
 
-    events = [ev("aten::linear", DeviceType.CPU), ev("cudaLaunchKernel", DeviceType.CPU),
-              ev("aten::view", DeviceType.CPU), ev("nvjet_sm90_tst", DeviceType.CUDA),
+    linear = ev("aten::linear", DeviceType.CPU)
+    events = [linear, ev("cudaLaunchKernel", DeviceType.CPU, linear),
+              ev("aten::view", DeviceType.CPU), ev("cuLaunchKernelEx", DeviceType.CPU),
+              ev("cuLaunchKernelEx", DeviceType.CPU), ev("nvjet_sm90_tst", DeviceType.CUDA),
               ev("_decode_gemv_kernel", DeviceType.CUDA), ev("_rms_norm_kernel", DeviceType.CUDA)]
-    assert launch._counts(events, cuda=True) == (2, 1, 3, 2)
-    assert launch._counts(events, cuda=True, graph=True) == (2, 1, 3, 0)  # a replay: none
-    assert launch._counts(events, cuda=False)[3] == 0
+    assert step_counts._counts(events, cuda=True) == step_counts.StepCounts(2, 3, 3, 2, 0)
+    assert step_counts._counts(events, cuda=True, graph=True).triton_launches == 0  # a replay: none
+    assert step_counts._counts(events, cuda=False).triton_launches == 0
 
     model = tiny("cpu")  # a CPU's wall, whatever the machine has: the arithmetic is the test
     wall = measure.LaunchWall(model, bandwidth_bytes_per_s=10e9, prompt_len=4, steps=2,
@@ -143,11 +147,85 @@ def test_triton_launches_are_counted_and_priced_apart():
     wall.launch_s, wall.triton_call = 9.5e-6, (80e-6 + 7 * 9.5e-6, 7)
     assert wall.triton_launch_s == pytest.approx(80e-6)  # net of the calls the step counts
     assert wall.launch_floor_s(run) == pytest.approx(1252 * 9.5e-6 + 95 * 80e-6)
-    counts = launch.StepCounts(1252, 158, 253, 95)  # what q13's predict cell passes
+    counts = step_counts.StepCounts(1252, 158, 253, 95)  # what q13's predict cell passes
     assert wall.launch_floor_s(counts) == wall.launch_floor_s(run)
     wall.runs = [run]
     table = wall.table()
     assert "one Triton launch 80.0 µs" in table and "triton" in table.splitlines()[1]
+
+
+def test_launches_from_compiled_code_are_counted_and_priced_apart():
+    # A compiled step on a GPU: one call of compiled code (two top-level events), inside it
+    # Inductor's kernels, each launched by its generated code (a record_function named after
+    # the kernel, then cuLaunchKernelEx), and a product it calls through aten (cuBLAS).
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    import minillm.kernels.paged_decode  # noqa: F401
+
+    def ev(name, device, parent=None, kernels=()):
+        return SimpleNamespace(name=name, device_type=device, cpu_parent=parent,
+                               kernels=[SimpleNamespace(name=k) for k in kernels])
+
+    region = ev("Torch-Compiled Region: 0/0", DeviceType.CPU)
+    graph = ev("## Call CompiledFxGraph abc ##", DeviceType.CPU, region)
+    fused = ev("triton_poi_fused_add_0", DeviceType.CPU, graph, kernels=["triton_poi_fused_add_0"])
+    paged = ev("_paged_decode_kernel", DeviceType.CPU, graph, kernels=["_paged_decode_kernel"])
+    mm = ev("aten::mm", DeviceType.CPU, graph)
+    events = [ev("TorchDynamo Cache Lookup", DeviceType.CPU), region, graph, fused,
+              ev("cuLaunchKernelEx", DeviceType.CPU, fused), paged,
+              ev("cuLaunchKernelEx", DeviceType.CPU, paged), mm,
+              ev("cudaLaunchKernel", DeviceType.CPU, mm), ev("aten::argmax", DeviceType.CPU),
+              ev("triton_poi_fused_add_0", DeviceType.CUDA),
+              ev("_paged_decode_kernel", DeviceType.CUDA), ev("nvjet_sm90_tst", DeviceType.CUDA)]
+    counts = step_counts._counts(events, cuda=True)
+    # 3 top-level events; 3 launches, all from compiled code (minillm's kernel launched
+    # there counts as a compiled launch, not as a Triton one: once)
+    assert counts == step_counts.StepCounts(3, 3, 3, 0, 3)
+    assert step_counts._counts(events, cuda=False).compiled_launches == 0
+
+    model = tiny("cpu")
+    wall = measure.LaunchWall(model, bandwidth_bytes_per_s=10e9, prompt_len=4, steps=2,
+                              count_steps=2, rounds=1)
+    assert wall.compiled_launch_s is None and launch.measure_compiled_launch_cost("cpu") is None
+    run = launch.StepRun("compiled", 3e-3, host_ops=40, launches=250, kernels=280,
+                         compiled_launches=240)
+    assert wall.launch_floor_s(run) == pytest.approx(40 * wall.launch_s)  # unmeasured: no term
+    # As a GPU would measure them: 9.6 µs an operator call, 40 µs a Triton launch, 6 µs a
+    # launch from compiled code.
+    wall.overlapped, wall.launch_s, wall.triton_call = True, 9.6e-6, (40e-6, 0)
+    wall.compiled_launch_s, wall.kernel_s = 6e-6, 3e-6
+    assert wall.launch_floor_s(run) == pytest.approx(40 * 9.6e-6 + 240 * 6e-6)
+    assert wall.predicted_s(run) == pytest.approx(40 * 9.6e-6 + 240 * 6e-6)  # above 280 x 3 µs
+    wall.runs = [run]
+    table = wall.table()
+    assert "one launch from compiled code 6.0 µs" in table and "compiled" in table.splitlines()[1]
+    assert "+ compiled × one launch from compiled code" in table
+    assert table.splitlines()[3].split()[5] == "240"  # its column: after ops, launches, kernels, triton
+
+
+def test_a_compiled_call_on_a_cpu_is_host_ops_and_no_launches():
+    # The CPU's compiled code runs its loops itself: the call is its two top-level events
+    # (the cache lookup and the region), and nothing is launched.
+    x = torch.randn(8, 8)
+    chain = launch._reduction_chain(3)
+    compiled = torch.compile(chain, dynamic=False)
+    torch.testing.assert_close(compiled(x), chain(x))
+    counts = step_counts.profile_counts(lambda: compiled(x), 2, torch.device("cpu"))
+    assert counts.compiled_launches == 0 and counts.triton_launches == 0
+    assert counts.host_ops == 2 and counts.launches == counts.host_ops
+
+
+@needs_cuda
+def test_compiled_code_launches_cost_the_host_microseconds_on_cuda():
+    x = torch.zeros(8, 8, device="cuda")
+    fns = {n: torch.compile(launch._reduction_chain(n), dynamic=False) for n in (2, 10)}
+    launches = {n: step_counts.profile_counts(lambda f=f: f(x), 2, x.device).compiled_launches
+                for n, f in fns.items()}
+    assert launches[10] >= launches[2] + 4  # about a kernel a reduction, none fused
+    s = launch.measure_compiled_launch_cost()
+    assert s is not None and 0 <= s < 100e-6
 
 
 def test_a_replayed_steps_kernels_are_its_gpu_floor():
@@ -183,13 +261,13 @@ def test_a_calls_host_ops_and_whether_generate_replays_a_graph():
     def three_ops():  # what a wrapper around a Triton launch issues: views, an allocation
         torch.empty_like(x.reshape(2, 2).view(4))
 
-    assert launch.count_host_ops(three_ops, calls=4) == 3
+    assert step_counts.count_host_ops(three_ops, calls=4) == 3
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
-    assert launch.replays_graph({}, gpu) and launch.replays_graph({"cuda_graph": None}, gpu)
-    assert not launch.replays_graph({"cuda_graph": False}, gpu)
-    assert not launch.replays_graph({"cuda_graph": None, "append_fn": print}, gpu)
-    assert launch.replays_graph({"append_fn": None, "attend_fn": None}, gpu)  # as generate reads them
-    assert not launch.replays_graph({}, cpu) and not launch.replays_graph({"cuda_graph": True}, cpu)
+    assert step_counts.replays_graph({}, gpu) and step_counts.replays_graph({"cuda_graph": None}, gpu)
+    assert not step_counts.replays_graph({"cuda_graph": False}, gpu)
+    assert not step_counts.replays_graph({"cuda_graph": None, "append_fn": print}, gpu)
+    assert step_counts.replays_graph({"append_fn": None, "attend_fn": None}, gpu)  # as generate reads them
+    assert not step_counts.replays_graph({}, cpu) and not step_counts.replays_graph({"cuda_graph": True}, cpu)
 
 
 def test_default_variants_follow_the_device():

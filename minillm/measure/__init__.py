@@ -26,9 +26,11 @@ Layout (every name is re-exported here, e.g. ``measure.measure_attention_decode`
     operators.py  one operator: measure_matmul, measure_matvec, measure_attention_decode
     memory.py     attention_peak_growth: peak memory of one attention call (RSS in a fresh
                   process on a CPU, the allocator's peak on CUDA)
-    launch.py     the launch wall: measure_launch_cost, count_step_ops (torch.profiler),
-                  measure_launch_wall (eager, compiled, CUDA-graph decode against its floors),
-                  decode_bandwidth (what the bytes floor divides by, per device)
+    launch.py     the launch wall: measure_launch_cost (and a kernel's, a Triton launch's,
+                  a launch's from compiled code), measure_launch_wall (eager, compiled,
+                  CUDA-graph decode against its floors), decode_bandwidth (what the bytes
+                  floor divides by, per device)
+    step_counts.py what a decode step issues and runs: count_step_ops (torch.profiler)
     step_profile.py where a decode step's time goes: profile_decode_step (torch.profiler;
                   weight products, attention, the rest; the top operators)
 
@@ -39,11 +41,11 @@ model's device for the model-level ones: the roofline's points and roof come fro
 
 from __future__ import annotations
 
-from .launch import (LaunchWall, count_step_ops, decode_bandwidth, measure_launch_cost,
-                     measure_launch_wall)
+from .launch import LaunchWall, decode_bandwidth, measure_launch_cost, measure_launch_wall
 from .memory import attention_peak_growth
 from .operators import measure_attention_decode, measure_matmul, measure_matvec
 from .results import OpMeasurement, check_same_device, format_table, roofline_fraction
+from .step_counts import count_step_ops
 from .step_profile import StepProfile, profile_decode_step
 from .steps import (DEFAULT_BATCH_SIZES, matmul_params, measure_decode_steps,
                     measure_operations, measure_prefill, measure_weight_stream)

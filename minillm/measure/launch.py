@@ -11,6 +11,8 @@ A decode step of a small model has two floors:
   argument of every call, and minillm's wrappers check theirs, so one costs the host
   several PyTorch operations (the H100 of 2026-11-27: 1,252 operator calls at 9.5 µs are
   11.9 ms of a 19.5 ms eager step, and its ~95 Triton launches the rest, ~80 µs each).
+  A compiled step's kernels count apart as well: Inductor's generated code launches them
+  with no dispatcher and no argument binding in Python, cheaper than either, but not free.
 
 On a CPU one core issues an operation and then runs it, so a step costs about the sum of
 the floors. On a GPU the host queues kernels while the device runs earlier ones, so a step
@@ -38,17 +40,12 @@ What is measured, on the model's device, in the model's dtype:
   same for the step's most frequent Triton call (a layer's add + RMSNorm + gate|up decode
   GEMV, ``fused.norm_linear``, on one row) less its own operator calls (the step's count
   has them already), on CUDA only;
-- ``count_step_ops``: the PyTorch profiler's counts per decode step of ``generate``, the
-  prefill cancelled (a (1 + S)-token generation minus a 1-token one, over S):
-  ``host_ops``, the operator calls from Python (the profiler's top-level operators: each
-  pays the dispatch cost, views that launch nothing included); ``launches``, what the host
-  issues to the device: kernel launches on CUDA (cudaLaunchKernel, cuLaunchKernel, ...; a
-  CUDA-graph replay counts once), the operator calls from Python on a CPU (``host_ops``);
-  ``kernels``, what then runs: GPU kernels and copies on CUDA, every operator event on a
-  CPU (nested ones included); ``triton_launches``, the GPU kernels that are minillm's
-  Triton kernels (``triton_kernel_names``), each launched by Triton's own launcher, which
-  the profiler does not list among the host's launches (none in a CUDA-graph replay, none
-  on a CPU);
+  ``measure_compiled_launch_cost`` (CUDA): the host seconds per launch from compiled code,
+  the difference between two compiled chains of tiny kernels over the difference of their
+  launches (what each more launch costs: Inductor's wrapper and launcher, no dispatcher);
+- ``count_step_ops`` (``step_counts.py``): per decode step, the profiler's operator calls
+  from Python (``host_ops``), the host's launches, the kernels that run, and among the
+  launches minillm's Triton ones and those from compiled code;
 - the step time: ``(t(1 + S tokens) − t(1 token)) ÷ S``, each time the best of ``rounds``
   (``timing.decode_tok_s``).
 
@@ -60,8 +57,6 @@ before it is timed or counted; CUDA-graph variants run only on CUDA (a CPU has n
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
 import time
 from typing import Sequence
 
@@ -70,6 +65,7 @@ import torch
 from .. import calc
 from ..devices import device_name, synchronize
 from ..timing import decode_tok_s, time_fn, time_graph
+from .step_counts import StepCounts, count_host_ops, count_step_ops, profile_counts
 from .steps import matmul_params
 
 #: name -> generate() options. CUDA-graph variants need CUDA.
@@ -79,8 +75,6 @@ VARIANTS = {
     "CUDA graph": dict(compile=False, cuda_graph=True),
     "compiled + CUDA graph": dict(compile=True, cuda_graph=True),
 }
-_LAUNCH_API = re.compile(r"^(cuda|cu)(LaunchKernel|LaunchKernelEx|LaunchKernelExC|GraphLaunch|"
-                         r"LaunchCooperativeKernel)")
 
 
 def default_variants(device: torch.device, quick: bool = False) -> tuple[str, ...]:
@@ -156,98 +150,48 @@ def measure_triton_call(model, calls: int = 200,
         return seconds, count_host_ops(call, calls=8)
 
 
-def count_host_ops(fn, calls: int = 8) -> float:
-    """Operator calls from Python per call of ``fn`` (the profiler's top-level operators,
-    as ``count_step_ops`` counts a step's), over ``calls`` calls after one untimed."""
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    from torch.profiler import ProfilerActivity, profile
+def _reduction_chain(n: int):
+    """x -> x + x.sum(0), then + its sum(1), ... n times: each reduction needs all of the one
+    before, along the other axis, so Inductor cannot fuse two of them (about a kernel each)."""
 
-    fn()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(calls):
-            fn()
-    return _counts(prof.events(), cuda=False)[0] / calls
+    def chain(x):
+        for i in range(n):
+            x = x + x.sum(i % 2, keepdim=True)
+        return x
 
-
-def triton_kernel_names() -> frozenset[str]:
-    """The names of minillm's @triton.jit kernels (those of the modules imported so far):
-    on CUDA each runs as a kernel of that name, e.g. ``_decode_gemv_kernel``."""
-    import sys
-
-    try:
-        from triton.runtime.jit import KernelInterface
-    except ImportError:
-        return frozenset()
-    names = set()
-    for name, mod in list(sys.modules.items()):
-        if not name.startswith("minillm.kernels") or mod is None:
-            continue
-        for v in vars(mod).values():
-            while isinstance(getattr(v, "fn", None), KernelInterface):  # an autotuner's kernel
-                v = v.fn
-            if isinstance(v, KernelInterface) and getattr(v, "__name__", None):
-                names.add(v.__name__)
-    return frozenset(names)
+    return chain
 
 
-@dataclasses.dataclass(frozen=True)
-class StepCounts:
-    """Per decode step, from the profiler (see the module docstring)."""
+def measure_compiled_launch_cost(device=None, short: int = 2, long: int = 10, calls: int = 100,
+                                 repeats: int = 5) -> float | None:
+    """Host seconds per launch that code compiled by ``torch.compile`` issues on ``device``
+    (None: the default): two compiled chains of tiny reductions (``short`` and ``long``
+    reductions), timed per call over bursts of ``calls`` and profiled for their launches;
+    the difference in time over the difference in launches, so that what every call pays
+    once (the guards, the wrapper) cancels. None off CUDA (a CPU's compiled code runs its
+    loops itself: it launches nothing), or when the longer chain launched no more (the
+    compiler fused what this counts on it not fusing)."""
+    from ..devices import resolve_device
 
-    host_ops: float   # operator calls from Python (top-level profiler events)
-    launches: float   # what the host issues: launches (CUDA) / operator calls from Python (CPU)
-    kernels: float    # what runs: GPU kernels and copies (CUDA) / every operator event (CPU)
-    triton_launches: float = 0.0  # minillm's Triton kernels launched from Python (CUDA, eager)
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        return None
+    x = torch.zeros(8, 8, device=dev)
+    seconds, launches = {}, {}
+    for n in (short, long):
+        fn = torch.compile(_reduction_chain(n), dynamic=False)
+        fn(x), fn(x)  # compile, then once more warm
 
+        def burst(fn=fn):
+            for _ in range(calls):
+                fn(x)
 
-def _counts(events, cuda: bool, graph: bool = False) -> tuple[int, int, int, int]:
-    from torch.autograd import DeviceType
-
-    host = [e for e in events if e.device_type == DeviceType.CPU]
-    top = sum(1 for e in host if e.cpu_parent is None and not _LAUNCH_API.match(e.name))
-    if cuda:
-        launches = sum(1 for e in host if _LAUNCH_API.match(e.name))
-        kernels = [e for e in events if e.device_type == DeviceType.CUDA]
-        names = frozenset() if graph else triton_kernel_names()  # a replay launches none
-        return top, launches, len(kernels), sum(1 for e in kernels if e.name in names)
-    return top, top, len(host), 0
-
-
-def count_step_ops(model, prompt_ids: Sequence[int], steps: int = 8, **generate_options) -> StepCounts:
-    """The profiler's launches and kernels per decode step of ``generate(model, prompt_ids,
-    ..., **generate_options)``, the prefill cancelled. Warm the variant up first."""
-    # Kineto (the profiler's engine) prints a line to stderr at every start and stop unless
-    # told otherwise before its first use; its own log level 6 keeps a lab's output clean.
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    from torch.profiler import ProfilerActivity, profile
-
-    from ..generate import generate
-
-    cuda = model.device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    counted = []
-    for n in (1, 1 + steps):
-        synchronize(model.device)
-        with profile(activities=activities) as prof:
-            generate(model, prompt_ids, n, ignore_eos=True, **generate_options)
-            synchronize(model.device)
-        counted.append(_counts(prof.events(), cuda, replays_graph(generate_options,
-                                                                  model.device)))
-    one, many = counted
-    return StepCounts(*((b - a) / steps for a, b in zip(one, many)))
-
-
-def replays_graph(generate_options: dict, device: torch.device) -> bool:
-    """Whether ``generate(..., **generate_options)`` on ``device`` decodes by replaying a CUDA
-    graph, as generate resolves it (``cuda_graph=None``: yes on CUDA with the default cache
-    functions). A replay launches no Triton kernel from Python."""
-    from ..decode_graph import plain_cache, use_cuda_graph
-
-    if device.type != "cuda":
-        return False
-    plain = plain_cache(generate_options.get("use_cache", True),
-                        generate_options.get("append_fn"), generate_options.get("attend_fn"))
-    return use_cuda_graph(generate_options.get("cuda_graph"), device, plain)
+        seconds[n] = time_fn(burst, warmup=1, repeats=repeats, device=dev) / calls
+        launches[n] = profile_counts(lambda fn=fn: fn(x), 8, dev).compiled_launches
+    more = launches[long] - launches[short]
+    if more < 1:
+        return None
+    return max(0.0, (seconds[long] - seconds[short]) / more)
 
 
 def time_decode_step(model, prompt_ids: Sequence[int], steps: int = 16, rounds: int = 3,
@@ -280,6 +224,7 @@ class StepRun:
     launches: float
     kernels: float
     triton_launches: float = 0.0
+    compiled_launches: float = 0.0
 
 
 class LaunchWall:
@@ -307,6 +252,9 @@ class LaunchWall:
         self.launch_s = measure_launch_cost(dev)
         self.kernel_s = measure_kernel_cost(dev)  # device s per kernel; None off CUDA
         self.triton_call = measure_triton_call(model)  # (s, operator calls); None off CUDA
+        # host s per launch from compiled code: measured by the first count of a step that
+        # has such launches (it compiles two tiny functions: seconds); None until then
+        self.compiled_launch_s: float | None = None
         self.runs: list[StepRun] = []
         self.notes: list[str] = []
         self._counts: dict[str, StepCounts] = {}
@@ -341,8 +289,10 @@ class LaunchWall:
 
             options = self._options(name)
             generate(self.model, self.prompt, 1 + self.steps, ignore_eos=True, **options)
-            self._counts[name] = count_step_ops(self.model, self.prompt, self.count_steps,
-                                                **options)
+            counts = count_step_ops(self.model, self.prompt, self.count_steps, **options)
+            if counts.compiled_launches and self.compiled_launch_s is None:
+                self.compiled_launch_s = measure_compiled_launch_cost(self.model.device)
+            self._counts[name] = counts
         return self._counts[name]
 
     def measure(self, name: str) -> StepRun:
@@ -351,17 +301,20 @@ class LaunchWall:
         step = time_decode_step(self.model, self.prompt, self.steps, self.rounds,
                                 **self._options(name))
         run = StepRun(name, step, counts.host_ops, counts.launches, counts.kernels,
-                      counts.triton_launches)
+                      counts.triton_launches, counts.compiled_launches)
         self.runs = [r for r in self.runs if r.name != name] + [run]
         return run
 
     def launch_floor_s(self, run) -> float:
         """What the host takes to issue one step of ``run`` (a StepRun or StepCounts): its
-        operator calls × the cost of one, plus on CUDA its Triton launches × theirs (on a
-        CPU every operator call is a launch, and there are no Triton launches)."""
+        operator calls × the cost of one, plus on CUDA its Triton launches × theirs and its
+        launches from compiled code × theirs (on a CPU every operator call is a launch, and
+        there are no others)."""
         floor = calc.launch_floor_s(run.host_ops, self.launch_s)
         if self.triton_launch_s and run.triton_launches:
             floor += calc.launch_floor_s(run.triton_launches, self.triton_launch_s)
+        if self.compiled_launch_s and run.compiled_launches:
+            floor += calc.launch_floor_s(run.compiled_launches, self.compiled_launch_s)
         return floor
 
     def kernel_floor_s(self, run) -> float:
@@ -383,22 +336,27 @@ class LaunchWall:
         how = "the largest floor" if self.overlapped else "the two floors added"
         triton = self.triton_launch_s is not None  # CUDA: the Triton launches' own column
         kernel = self.kernel_s is not None  # CUDA: the kernel floor's column
+        compiled = self.compiled_launch_s is not None  # CUDA, a compiled step counted
         head = (f"{'decode step (batch 1)':<22}{'ops':>6}{'launches':>9}{'kernels':>9}"
-                + (f"{'triton':>8}" if triton else "")
+                + (f"{'triton':>8}" if triton else "") + (f"{'compiled':>10}" if compiled else "")
                 + f"{'launch floor':>14}" + (f"{'kernel floor':>14}" if kernel else "")
                 + f"{'bytes floor':>13}{'predicted':>11}{'measured':>10}"
                 f"{'tok/s':>8}")
         cost = (f"one launch costs {self.launch_s * 1e6:.2f} µs"
                 + (f", one Triton launch {self.triton_launch_s * 1e6:.1f} µs" if triton else "")
+                + (f", one launch from compiled code {self.compiled_launch_s * 1e6:.1f} µs"
+                   if compiled else "")
                 + (f", one kernel in a graph {self.kernel_s * 1e6:.2f} µs of the device"
                    if kernel else ""))
         floor = ("; launch floor = ops × one launch + triton × one Triton launch" if triton else "")
+        floor += " + compiled × one launch from compiled code" if triton and compiled else ""
         lines = [f"{self.device} ({self.device_name}), {self.dtype}: {cost}; "
                  f"{self.weight_bytes / 1e6:.0f} MB of weights at "
                  f"{self.bandwidth / 1e9:.1f} GB/s; predicted = {how}{floor}", head, "-" * len(head)]
         for r in self.runs:
             lines.append(f"{r.name:<22}{r.host_ops:>6.0f}{r.launches:>9.0f}{r.kernels:>9.0f}"
                          + (f"{r.triton_launches:>8.0f}" if triton else "")
+                         + (f"{r.compiled_launches:>10.0f}" if compiled else "")
                          + f"{self.launch_floor_s(r) * 1e3:>11.2f} ms"
                          + (f"{self.kernel_floor_s(r) * 1e3:>11.2f} ms" if kernel else "")
                          + f"{self.bytes_floor_s * 1e3:>10.2f} ms"
