@@ -169,8 +169,9 @@ def measure_compiled_launch_cost(device=None, short: int = 2, long: int = 10, ca
     reductions), timed per call over bursts of ``calls`` and profiled for their launches;
     the difference in time over the difference in launches, so that what every call pays
     once (the guards, the wrapper) cancels. None off CUDA (a CPU's compiled code runs its
-    loops itself: it launches nothing), or when the longer chain launched no more (the
-    compiler fused what this counts on it not fusing)."""
+    loops itself: it launches nothing), when the longer chain launched no more (the
+    compiler fused what this counts on it not fusing), or when it took no longer (noise
+    larger than what it measures)."""
     from ..devices import resolve_device
 
     dev = resolve_device(device)
@@ -188,10 +189,8 @@ def measure_compiled_launch_cost(device=None, short: int = 2, long: int = 10, ca
 
         seconds[n] = time_fn(burst, warmup=1, repeats=repeats, device=dev) / calls
         launches[n] = profile_counts(lambda fn=fn: fn(x), 8, dev).compiled_launches
-    more = launches[long] - launches[short]
-    if more < 1:
-        return None
-    return max(0.0, (seconds[long] - seconds[short]) / more)
+    more, longer = launches[long] - launches[short], seconds[long] - seconds[short]
+    return longer / more if more >= 1 and longer > 0 else None
 
 
 def time_decode_step(model, prompt_ids: Sequence[int], steps: int = 16, rounds: int = 3,

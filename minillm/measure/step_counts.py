@@ -5,7 +5,8 @@
 (1 + S)-token generation minus a 1-token one, over S):
 
 - ``host_ops``: the operator calls from Python (the profiler's top-level operators: each
-  pays the dispatch cost, views that launch nothing included);
+  pays the dispatch cost, views that launch nothing included), and those that compiled
+  code makes (its extern products, e.g. ``aten::mm``);
 - ``launches``: what the host issues to the device: kernel launches on CUDA
   (cudaLaunchKernel, and cuLaunchKernelEx for Triton's; a CUDA-graph replay counts once),
   the operator calls from Python on a CPU (``host_ops``);
@@ -15,8 +16,8 @@
   (``triton_kernel_names``), each launched by Triton's own launcher from Python, outside
   any operator (none in a CUDA-graph replay, none on a CPU);
 - ``compiled_launches``: the launches that code compiled by ``torch.compile`` issues
-  (inside a "Torch-Compiled Region": Inductor's generated kernels and the products it
-  calls; none on a CPU, where the compiled code runs its loops itself).
+  itself, under no operator call (inside a "Torch-Compiled Region": Inductor's generated
+  kernels; none on a CPU, where the compiled code runs its loops itself).
 
 Invariants: a kernel counts once (minillm's Triton kernels launched by compiled code are
 compiled launches, not Triton ones); a step is counted warm (compiled, captured: the
@@ -43,7 +44,7 @@ _COMPILED_REGION = "Torch-Compiled Region"  # the profiler's event around a call
 class StepCounts:
     """Per decode step, from the profiler (see the module docstring)."""
 
-    host_ops: float   # operator calls from Python (top-level profiler events)
+    host_ops: float   # operator calls from Python (top-level) and from compiled code
     launches: float   # what the host issues: launches (CUDA) / operator calls from Python (CPU)
     kernels: float    # what runs: GPU kernels and copies (CUDA) / every operator event (CPU)
     triton_launches: float = 0.0  # minillm's Triton kernels launched from Python (CUDA, eager)
@@ -103,32 +104,56 @@ def triton_kernel_names() -> frozenset[str]:
     return frozenset(names)
 
 
-def _in_compiled_region(e) -> bool:
-    while e is not None:
-        if e.name.startswith(_COMPILED_REGION):
-            return True
-        e = e.cpu_parent
-    return False
+def _is_op(e) -> bool:
+    """An operator call (``aten::mm``, ``minillm::small_m_linear``): the dispatcher names its
+    events namespace::name; record functions (a compiled region, Inductor's kernels) and
+    the CUDA API's calls are named otherwise."""
+    return "::" in e.name
+
+
+def _place(e) -> tuple[bool, bool]:
+    """(whether ``e`` runs inside a compiled region, whether an operator call inside that
+    region holds it)."""
+    under_op, p = False, e.cpu_parent
+    while p is not None:
+        if p.name.startswith(_COMPILED_REGION):
+            return True, under_op
+        under_op = under_op or _is_op(p)
+        p = p.cpu_parent
+    return False, under_op
 
 
 def _counts(events, cuda: bool, graph: bool = False) -> StepCounts:
-    """The counts of one profile (``events``: the profiler's ``events()``). A kernel counts
-    once: minillm's Triton kernels that compiled code launches (the profiler hangs a kernel
-    on the event that launched it, ``kernels``) are compiled launches, not Triton ones."""
+    """The counts of one profile (``events``: the profiler's ``events()``).
+
+    Inside a compiled region two things issue work: the operator calls the compiled code
+    makes (its extern products, e.g. ``aten::mm`` to cuBLAS: each dispatched, so each an
+    operator call like one from Python, its launches its own), and Inductor's generated
+    kernels, launched by its generated code under no operator (``compiled_launches``). A
+    kernel counts once: minillm's Triton kernels that compiled code launches (the profiler
+    hangs a kernel on the event that launched it, ``kernels``) are compiled launches, not
+    Triton ones."""
     from torch.autograd import DeviceType
 
     host = [e for e in events if e.device_type == DeviceType.CPU]
     top = sum(1 for e in host if e.cpu_parent is None and not _LAUNCH_API.match(e.name))
+    inside, region_ops, region_launches = [], 0, 0
+    for e in host:
+        within, under_op = _place(e)
+        if within:
+            inside.append(e)
+            if not under_op:
+                region_launches += bool(_LAUNCH_API.match(e.name))
+                region_ops += _is_op(e)
+    ops = top + region_ops
     if not cuda:
-        return StepCounts(top, top, len(host))
-    compiled = [e for e in host if _in_compiled_region(e)]
+        return StepCounts(ops, ops, len(host))
     launches = sum(1 for e in host if _LAUNCH_API.match(e.name))
     kernels = [e for e in events if e.device_type == DeviceType.CUDA]
     names = frozenset() if graph else triton_kernel_names()  # a replay launches none
     triton = (sum(1 for e in kernels if e.name in names)
-              - sum(1 for e in compiled for k in getattr(e, "kernels", ()) if k.name in names))
-    return StepCounts(top, launches, len(kernels), triton,
-                      sum(1 for e in compiled if _LAUNCH_API.match(e.name)))
+              - sum(1 for e in inside for k in getattr(e, "kernels", ()) if k.name in names))
+    return StepCounts(ops, launches, len(kernels), triton, region_launches)
 
 
 def profile_counts(fn, calls: int, device: torch.device, graph: bool = False) -> StepCounts:

@@ -11,7 +11,8 @@ cells before the measurement they predict, and marked against it:
   (bytes and launches) measured just before;
 - q9: the compiled decode step of section 8 (``compiled_step_ms``; measured outside quick
   mode), predicted from the floors of its counts, as q13 from eager's (on a CPU it issues a
-  handful of launches: the bytes floor decides).
+  few operator calls: the bytes floor decides; on a GPU its generated code's launches,
+  priced at their own measured cost, join its launch floor).
 
 Section 5's batch-1 step against the section-1 matvec ceiling is printed, not predicted: on
 a machine with fast memory the per-step overhead is a third of the step, and the 121 small
@@ -147,20 +148,23 @@ QUESTIONS = [
         "q9",
         "**Predict, then measure.** Section 8 measured the bytes floor of a decode step and the cost "
         "of a launch. `torch.compile` fuses the glue between the weight products. On a CPU the "
-        "compiled step issues a handful of launches instead of over a thousand (its generated "
-        "code calls the products itself); on a GPU it still launches each fused kernel, unless "
-        "a CUDA graph replays them. Predict the compiled step's time in ms before the cell "
-        "measures it, from its floors. Marked against the measured compiled step, within 20%.",
+        "compiled step issues a few operator calls instead of over a thousand (its generated "
+        "code runs the glue and calls the products itself); on a GPU it still launches each "
+        "fused kernel, unless a CUDA graph replays them. Predict the compiled step's time in ms "
+        "before the cell measures it, from its floors. Marked against the measured compiled "
+        "step, within 20%.",
         answer=lambda m: m["compiled_step_ms"], unit="ms", rtol=0.2, predict=True,
-        needs=("compiled_step_ms",), example_measured={"compiled_step_ms": 17.1},
-        explanation="Its floors, from its counts: on a CPU a handful of launches add microseconds, "
-                    "so the bytes floor decides. E.g. 538 MB ÷ "
-                    "33.6 GB/s = 16.0 ms predicted, 17.1 ms measured on the 2-core EPYC this lab was "
-                    "written on (−6%); the rest is attention over the cache and the fused glue's own "
-                    "memory traffic. Adding the eager step's launch floor instead predicts eager, "
-                    "not compiled. On a GPU the compiled step without a CUDA graph still launches "
-                    "hundreds of fused kernels, so its launch floor still rules; the CUDA-graph rows "
-                    "replay them with one launch.",
+        needs=("compiled_step_ms",), example_measured={"compiled_step_ms": 13.8},
+        explanation="Its floors, from its counts: on a CPU its operator calls (its few from Python, "
+                    "the products and attention its generated code calls) add a few hundred "
+                    "microseconds, so the bytes floor decides. E.g. 538 MB ÷ 38.7 GB/s = 13.9 ms, "
+                    "plus 165 calls × 2.0 µs = 0.34 ms: 14.2 ms predicted, 13.8 ms measured on a "
+                    "2-core EPYC (+3%). Adding the eager step's launch floor instead predicts "
+                    "eager, not compiled. On a GPU the compiled step without a CUDA graph still "
+                    "launches hundreds of fused kernels from its generated code (each priced at what "
+                    "one launch from compiled code costs, measured) and calls the products through "
+                    "PyTorch: its launch floor rules; the CUDA-graph rows replay them with one "
+                    "launch.",
     ),
     Choice(
         "q10",
