@@ -460,10 +460,10 @@ def check_compiled_wall(run) -> None:
     priced and timed as the lab does in full mode, launches from the compiled code at
     their own measured cost. Asked for by name (--sections compiled_wall): compiling
     SmolLM2 takes ~25 s on a GPU, which the check's 8 minutes do not hold."""
-    model = load_minillm(run, model_dtype(run), "torch", run.device)
     if not run.options.get("compile", True):
         run.skipped.append("launch wall, compiled step (--no-compile)")
         return
+    model = load_minillm(run, model_dtype(run), "torch", run.device)
     run.case("launch wall, compiled step", lambda: launch_wall_row(
         run, model, ("compiled",), "launch wall (Lab 01 section 8), torch attention, "
                                    "compiled step"))

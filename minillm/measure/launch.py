@@ -44,8 +44,8 @@ What is measured, on the model's device, in the model's dtype:
   the difference between two compiled chains of tiny kernels over the difference of their
   launches (what each more launch costs: Inductor's wrapper and launcher, no dispatcher);
 - ``count_step_ops`` (``step_counts.py``): per decode step, the profiler's operator calls
-  from Python (``host_ops``), the host's launches, the kernels that run, and among the
-  launches minillm's Triton ones and those from compiled code;
+  (``host_ops``: from Python, and from compiled code), the host's launches, the kernels
+  that run, and among the launches minillm's Triton ones and those from compiled code;
 - the step time: ``(t(1 + S tokens) − t(1 token)) ÷ S``, each time the best of ``rounds``
   (``timing.decode_tok_s``).
 
@@ -347,8 +347,9 @@ class LaunchWall:
                    if compiled else "")
                 + (f", one kernel in a graph {self.kernel_s * 1e6:.2f} µs of the device"
                    if kernel else ""))
-        floor = ("; launch floor = ops × one launch + triton × one Triton launch" if triton else "")
-        floor += " + compiled × one launch from compiled code" if triton and compiled else ""
+        floor = ("; launch floor = ops × one launch" if triton or compiled else "")
+        floor += " + triton × one Triton launch" if triton else ""
+        floor += " + compiled × one launch from compiled code" if compiled else ""
         lines = [f"{self.device} ({self.device_name}), {self.dtype}: {cost}; "
                  f"{self.weight_bytes / 1e6:.0f} MB of weights at "
                  f"{self.bandwidth / 1e9:.1f} GB/s; predicted = {how}{floor}", head, "-" * len(head)]

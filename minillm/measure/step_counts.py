@@ -9,7 +9,7 @@
   code makes (its extern products, e.g. ``aten::mm``);
 - ``launches``: what the host issues to the device: kernel launches on CUDA
   (cudaLaunchKernel, and cuLaunchKernelEx for Triton's; a CUDA-graph replay counts once),
-  the operator calls from Python on a CPU (``host_ops``);
+  the operator calls on a CPU (``host_ops``);
 - ``kernels``: what then runs: GPU kernels and copies on CUDA, every operator event on a
   CPU (nested ones included);
 - ``triton_launches``: the GPU kernels that are minillm's Triton kernels
@@ -45,7 +45,7 @@ class StepCounts:
     """Per decode step, from the profiler (see the module docstring)."""
 
     host_ops: float   # operator calls from Python (top-level) and from compiled code
-    launches: float   # what the host issues: launches (CUDA) / operator calls from Python (CPU)
+    launches: float   # what the host issues: launches (CUDA) / operator calls (CPU)
     kernels: float    # what runs: GPU kernels and copies (CUDA) / every operator event (CPU)
     triton_launches: float = 0.0  # minillm's Triton kernels launched from Python (CUDA, eager)
     compiled_launches: float = 0.0  # launches from torch.compile'd code (CUDA)

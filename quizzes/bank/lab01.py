@@ -8,11 +8,12 @@ Two questions are predictions (``predict=True``), asked in the notebook's ``pred
 cells before the measurement they predict, and marked against it:
 
 - q13: the eager decode step of section 8 (``eager_step_ms``), predicted from its two floors
-  (bytes and launches) measured just before;
+  (bytes and launches) measured just before (on a GPU also at least its kernel floor, which
+  an eager step never reaches);
 - q9: the compiled decode step of section 8 (``compiled_step_ms``; measured outside quick
   mode), predicted from the floors of its counts, as q13 from eager's (on a CPU it issues a
-  few operator calls: the bytes floor decides; on a GPU its generated code's launches,
-  priced at their own measured cost, join its launch floor).
+  fraction of eager's operator calls: the bytes floor decides; on a GPU its generated
+  code's launches, priced at their own measured cost, join its launch floor).
 
 Section 5's batch-1 step against the section-1 matvec ceiling is printed, not predicted: on
 a machine with fast memory the per-step overhead is a third of the step, and the 121 small
@@ -148,8 +149,8 @@ QUESTIONS = [
         "q9",
         "**Predict, then measure.** Section 8 measured the bytes floor of a decode step and the cost "
         "of a launch. `torch.compile` fuses the glue between the weight products. On a CPU the "
-        "compiled step issues a few operator calls instead of over a thousand (its generated "
-        "code runs the glue and calls the products itself); on a GPU it still launches each "
+        "compiled step issues a fraction of eager's operator calls (its generated code runs the "
+        "glue and calls only the products and attention); on a GPU it still launches each "
         "fused kernel, unless a CUDA graph replays them. Predict the compiled step's time in ms "
         "before the cell measures it, from its floors. Marked against the measured compiled "
         "step, within 20%.",
@@ -161,10 +162,10 @@ QUESTIONS = [
                     "plus 165 calls × 2.0 µs = 0.34 ms: 14.2 ms predicted, 13.8 ms measured on a "
                     "2-core EPYC (+3%). Adding the eager step's launch floor instead predicts "
                     "eager, not compiled. On a GPU the compiled step without a CUDA graph still "
-                    "launches hundreds of fused kernels from its generated code (each priced at what "
-                    "one launch from compiled code costs, measured) and calls the products through "
-                    "PyTorch: its launch floor rules; the CUDA-graph rows replay them with one "
-                    "launch.",
+                    "launches each fused kernel from its generated code (each priced at what one "
+                    "launch from compiled code costs, measured) and calls the products through "
+                    "PyTorch, so its launch floor should rule; the CUDA-graph rows replay them with "
+                    "one launch.",
     ),
     Choice(
         "q10",
@@ -221,8 +222,9 @@ QUESTIONS = [
         "one) and computed its bytes floor. Predict the eager step's time in ms before the next "
         "cell measures it: on a CPU the launch floor (operator calls × the cost of one) plus the "
         "bytes floor, on a GPU the larger of the bytes floor and the launch floor (operator "
-        "calls × the cost of one, plus Triton launches × the cost of one Triton launch). Marked "
-        "against the measured step, within 20%.",
+        "calls × the cost of one, plus Triton launches × the cost of one Triton launch; the "
+        "step also takes at least its kernels × one kernel's cost, which an eager step never "
+        "reaches). Marked against the measured step, within 20%.",
         answer=lambda m: m["eager_step_ms"], unit="ms", rtol=0.2, predict=True,
         needs=("eager_step_ms",), example_measured={"eager_step_ms": 24.9},
         explanation="E.g. 1,223 launches × 2.06 µs = 2.5 ms, plus 538 MB ÷ 22.0 GB/s = 24.5 ms: 27.0 ms "
