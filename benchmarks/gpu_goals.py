@@ -34,8 +34,9 @@ GEMV_OFF = ", GEMV glue off"  # gpu_check_model.GEMV_OFF (not imported here: it 
 CHECK_LIMIT_S = 480.0   # issue 25: the full check in 8 minutes on one GPU, start-up included
 TIME_BOX = "time box"   # in a section's `skipped` entry: what its time box cut
 LABS = "labs"
-# gpu_check's sections that run only when asked (gpu_check_kernels.ASKED_ONLY and the labs;
-# not imported here: it loads torch): not part of issue 25's check.
+# gpu_check's sections that run only when asked (gpu_check_kernels.ASKED_ONLY,
+# gpu_check_model.ASKED_ONLY and the labs; not imported here: they load torch): not part of
+# issue 25's check.
 ASKED_ONLY = (LABS, "gemv_tiles", "w4a16_tiles", "compiled_wall")
 # Issue 26: the engine's rows in the decode and serving sections.
 GRAPH_DECODE = "minillm CUDA graph, triton attention"
@@ -222,14 +223,13 @@ def issue_27(sections: Sections) -> list[dict]:
     return rows
 
 
-def launch_wall_goal(sections: Sections, quiz: str = "q13", variant: str = "eager") -> dict:
+def launch_wall_goal(sections: Sections, quiz: str, variant: str, section: str) -> dict:
     """Lab 01's ``quiz`` marks a GPU fairly: the ``variant`` step within 20% of its
-    predicted floor (a launch wall row: Lab 01 section 8 on the model's GPU; q13's in the
-    decode section, q9's in compiled_wall)."""
+    predicted floor (the launch wall row of ``section``: Lab 01 section 8 on the model's
+    GPU)."""
     goal = f"Lab 01 {quiz}: {variant} step within 20% of its predicted floor"
     pred_key, step_key = f"{variant}_predicted_ms", f"{variant}_step_ms"
-    row, why = sections.one("compiled_wall" if variant == "compiled" else "decode",
-                            lambda r: str(r.get("engine", "")).startswith(LAUNCH_WALL))
+    row, why = sections.one(section, lambda r: str(r.get("engine", "")).startswith(LAUNCH_WALL))
     pred, step = (None, None) if row is None else (row.get(pred_key), row.get(step_key))
     if not (pred and step):
         return _row(28, goal, why or f"{pred_key} / {step_key} not recorded", None)
@@ -263,8 +263,8 @@ def labs_goal(sections: Sections) -> dict:
 
 def issue_28(sections: Sections) -> list[dict]:
     """Every lab passed under nbval on the GPU, none cut; Lab 01's q13 and q9 fair on a GPU."""
-    return [labs_goal(sections), launch_wall_goal(sections),
-            launch_wall_goal(sections, "q9", "compiled")]
+    return [labs_goal(sections), launch_wall_goal(sections, "q13", "eager", "decode"),
+            launch_wall_goal(sections, "q9", "compiled", "compiled_wall")]
 
 
 def goals(reports: list[dict]) -> list[dict]:

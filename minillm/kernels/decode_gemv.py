@@ -134,8 +134,8 @@ def _config(block_n: int, warps: int, unroll: int, split: int = 1) -> triton.Con
 # 1 with 2 or 4 rows on one warp or 8 on two (4 or 8 chunks a step, or one step of SmolLM2's
 # widths at BLOCK_K 64: 576 is 9 chunks, 1536 is 24), and SPLIT 2-8 to spread a few rows' K
 # over up to 4 warps, a word or two a thread (1 or 3 steps of SPLIT chunks a loop). A float
-# weight (UNROLL 1: it steps by `_dense_block_k`): 2-8 rows on 4 or 8 warps. (8 rows on one warp and 16 float rows were
-# never the fastest of any SmolLM2 product on the H200.)
+# weight (UNROLL 1: it steps by `_dense_block_k`): 2-8 rows on 4 or 8 warps. (8 rows on one
+# warp and 16 float rows were never the fastest of any SmolLM2 product on the H200.)
 INT4_TILES = (tuple((b, w, u, 1) for b, w in ((2, 1), (4, 1), (8, 2)) for u in (4, 8, 9, 24))
               + tuple((b, w, u, sp) for b, w, sp in ((2, 1, 2), (2, 1, 4), (4, 1, 2),
                                                      (2, 2, 4), (4, 2, 2), (4, 4, 4),

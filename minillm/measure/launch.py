@@ -87,6 +87,18 @@ def default_variants(device: torch.device, quick: bool = False) -> tuple[str, ..
     return tuple(names)
 
 
+def _seconds_per_call(fn, calls: int, repeats: int, device: torch.device) -> float:
+    """Seconds per call of ``fn`` over bursts of ``calls`` calls in a row (``time_fn``: the
+    median burst, the device drained around each): what the host pays per call, however
+    little the call does."""
+
+    def burst():
+        for _ in range(calls):
+            fn()
+
+    return time_fn(burst, warmup=1, repeats=repeats, device=device) / calls
+
+
 def measure_launch_cost(device=None, ops: int = 1000, repeats: int = 5) -> float:
     """Seconds per tiny operation issued from Python on ``device`` (None: the default): what
     the host pays per operation, whatever the operation does."""
@@ -95,12 +107,7 @@ def measure_launch_cost(device=None, ops: int = 1000, repeats: int = 5) -> float
     dev = resolve_device(device)
     x = torch.zeros(1, device=dev)
     y = torch.empty_like(x)
-
-    def burst():
-        for _ in range(ops):
-            torch.add(x, 1.0, out=y)
-
-    return time_fn(burst, warmup=1, repeats=repeats, device=dev) / ops
+    return _seconds_per_call(lambda: torch.add(x, 1.0, out=y), ops, repeats, dev)
 
 
 def measure_kernel_cost(device=None, kernels: int = 200, replays: int = 5) -> float | None:
@@ -141,13 +148,9 @@ def measure_triton_call(model, calls: int = 200,
     def call():
         fused.norm_linear(x, delta, norm.weight, norm.eps, gate_up)
 
-    def burst():
-        for _ in range(calls):
-            call()
-
     with torch.inference_mode():
-        seconds = time_fn(burst, warmup=1, repeats=repeats, device=model.device) / calls
-        return seconds, count_host_ops(call, calls=8)
+        return (_seconds_per_call(call, calls, repeats, model.device),
+                count_host_ops(call, calls=8))
 
 
 def _reduction_chain(n: int):
@@ -182,13 +185,8 @@ def measure_compiled_launch_cost(device=None, short: int = 2, long: int = 10, ca
     for n in (short, long):
         fn = torch.compile(_reduction_chain(n), dynamic=False)
         fn(x), fn(x)  # compile, then once more warm
-
-        def burst(fn=fn):
-            for _ in range(calls):
-                fn(x)
-
-        seconds[n] = time_fn(burst, warmup=1, repeats=repeats, device=dev) / calls
-        launches[n] = profile_counts(lambda fn=fn: fn(x), 8, dev).compiled_launches
+        seconds[n] = _seconds_per_call(lambda: fn(x), calls, repeats, dev)
+        launches[n] = profile_counts(lambda: fn(x), 8, dev).compiled_launches
     more, longer = launches[long] - launches[short], seconds[long] - seconds[short]
     return longer / more if more >= 1 and longer > 0 else None
 
