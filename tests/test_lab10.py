@@ -162,6 +162,19 @@ def test_replicas_needed_names_the_mistake(fn, words, seed):
     assert words in failure(check.replicas_needed, fn, seed)
 
 
+def test_replicas_needed_tells_the_two_bounds_apart_whatever_the_seed():
+    # Cases 0 and 1 hold at least 4 batches in flight, so Little's law alone fails case 1
+    # and the utilization bound alone fails case 0 on every seed (a fresh seed once drew a
+    # rate so low that both bounds were 1 replica, and a half-solved lab passed).
+    little = lambda lam, e2e, b, w, rho: math.ceil(lam * e2e / b)  # noqa: E731
+    utilization = lambda lam, e2e, b, w, rho: math.ceil(lam * w / rho)  # noqa: E731
+    for seed in range(0, 4000, 10):
+        with pytest.raises(CheckFailed, match="case 2 of 2"):
+            check.replicas_needed(little, seed=seed, cases=2)
+        with pytest.raises(CheckFailed, match="case 1 of 2"):
+            check.replicas_needed(utilization, seed=seed, cases=2)
+
+
 def test_the_design_exercise_agrees_with_calc():
     a100 = __import__("minillm.hardware", fromlist=["get"]).get("A100-80GB")
     step = calc.StepModel.from_roofline(70e9, 2, a100.bandwidth_bytes_per_s, a100.bf16_flops, 4)

@@ -225,6 +225,8 @@ def replicas_needed(case: Case, fn) -> None:
     e2e = round(1 + 9 * float(case.rng.random()), 3)
     batch = case.choice([8, 16, 32, 64, 128, 256])
     rho = case.choice([0.7, 0.8, 0.9])
+    if case.index < 2:  # at least 4 batches in flight: the two bounds then round apart
+        lam = max(lam, math.ceil(4 * batch / e2e) + 0.5)
     # Case 0 is bound by Little's law, case 1 by utilization, the rest fall where they fall.
     work = {0: e2e / batch * 0.5, 1: e2e / batch * 3}.get(case.index,
                                                          e2e / batch * (0.3 + 3 * float(case.rng.random())))
